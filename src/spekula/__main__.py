@@ -1,0 +1,5 @@
+import sys
+
+from spekula.cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""The one protocol every runtime implements.
+
+A Backend is a loaded model. A Sequence is one sequence's KV cache in that model: it knows which
+token ids it holds (`tokens`), appends new ones with `forward` (one pass, logits back for the last
+positions) and rolls back with `truncate`. Speculative decoding needs nothing else: the verifier
+scores k + 1 tokens in one `forward`, then `truncate` drops what was rejected.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from spekula.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    batching: bool = False  # can run several sequences in one forward
+    tree_mask: bool = False  # accepts an attention mask over the verified block (token trees)
+
+
+class Sequence(ABC):
+    """One sequence's KV cache. Invariant: the cache holds keys and values for exactly `tokens`."""
+
+    def __init__(self, context_length: int) -> None:
+        self.tokens: list[int] = []
+        self.context_length = context_length
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def forward(self, token_ids: Seq[int], num_logits: int | None = None) -> torch.Tensor:
+        """Append token_ids at positions length .. length + S - 1 in one pass.
+
+        Returns float32 logits [num_logits, V] for the last num_logits positions (all S if None).
+        """
+        if len(token_ids) == 0:
+            raise ValueError("forward needs at least one token")
+        if self.length + len(token_ids) > self.context_length:
+            raise ConfigError(
+                f"sequence of {self.length + len(token_ids)} tokens exceeds the model's context of "
+                f"{self.context_length}; shorten the prompt or lower max_tokens"
+            )
+        num_logits = len(token_ids) if num_logits is None else num_logits
+        logits = self._forward(list(token_ids), num_logits)
+        self.tokens.extend(int(t) for t in token_ids)
+        return logits
+
+    def truncate(self, length: int) -> None:
+        """Forget every token from position `length` on."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        if length < self.length:
+            self._truncate(length)
+            del self.tokens[length:]
+
+    def release(self) -> None:
+        """Free the cache's memory; the sequence is empty afterwards."""
+        self.truncate(0)
+
+    @abstractmethod
+    def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def _truncate(self, length: int) -> None: ...
+
+
+class Backend(ABC):
+    """A loaded model that can open sequences."""
+
+    name: str
+    vocab_size: int  # width of the logits
+    context_length: int
+    eos_token_ids: frozenset[int]
+    capabilities: Capabilities = Capabilities()
+
+    @abstractmethod
+    def new_sequence(self) -> Sequence: ...
+
+    def describe(self) -> dict:
+        return {"backend": type(self).__name__, "name": self.name, "vocab_size": self.vocab_size}

@@ -1,0 +1,1 @@
+"""Workloads, the benchmark runner, tune, audit and reports."""

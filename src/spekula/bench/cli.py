@@ -1,0 +1,5 @@
+"""`spekula bench | tune | audit` (being built)."""
+
+
+def register(sub) -> None:
+    pass

@@ -1,0 +1,107 @@
+"""Frozen configuration values, validated where they are made.
+
+Every check raises ConfigError with a message that names the option and says what to change, so the
+CLI, the server and library callers all report bad input the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spekula.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's (and the draft's) logits become a distribution.
+
+    temperature 0 means greedy decoding. The filters apply in this order, each to the renormalised
+    result of the previous one: temperature, top-k, top-p, min-p (the order vLLM uses).
+    One function, spekula.sampling.probabilities, applies them to draft and target alike.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no top-k filter
+    top_p: float = 1.0  # 1.0 = no nucleus filter
+    min_p: float = 0.0  # 0.0 = no min-p filter
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p < 1.0:
+            raise ConfigError(f"min_p must be in [0, 1) (0 = off), got {self.min_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """What to speculate with.
+
+    k: tokens drafted per step; 0 = plain decoding through the same loop; None = chosen by the
+    controller (spekula.control) from measured costs and the running acceptance rate.
+    """
+
+    k: int | None = 4
+    k_max: int = 8  # upper bound for the controller when k is None
+    ngram_max: int = 4  # n-gram prompt lookup: longest suffix to match
+    ngram_min: int = 1  # ... and the shortest
+
+    def __post_init__(self) -> None:
+        if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
+            raise ConfigError(f"k (draft length) must be an integer >= 0 (0 = plain decoding), got {self.k!r}")
+        if self.k is not None and self.k > 64:
+            raise ConfigError(f"k (draft length) must be at most 64, got {self.k}; typical values are 2 to 8")
+        if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
+            raise ConfigError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
+        if not isinstance(self.ngram_min, int) or self.ngram_min < 1:
+            raise ConfigError(f"ngram_min must be an integer >= 1, got {self.ngram_min!r}")
+        if not isinstance(self.ngram_max, int) or self.ngram_max < self.ngram_min:
+            raise ConfigError(
+                f"ngram_max must be an integer >= ngram_min ({self.ngram_min}), got {self.ngram_max!r}"
+            )
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    """When a request ends. Stop strings are matched on text, outside the engine (spekula.text)."""
+
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ConfigError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """How one model runs."""
+
+    dtype: str = "float32"
+    threads: int | None = None  # None = leave torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"threads must be an integer >= 1, got {self.threads!r}")

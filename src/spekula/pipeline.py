@@ -1,0 +1,151 @@
+"""The library's front door: load a target (and a draft), then generate text.
+
+Ties the text layer (spekula.text) to the token-level engine. The CLI and the server use this and
+nothing below it, so they report the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from spekula.backends import load_backend
+from spekula.backends.base import Backend
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.engine import Engine, Generation
+from spekula.errors import ConfigError
+from spekula.proposers import build_proposer, needs_model
+from spekula.proposers.base import ProposerFactory
+from spekula.text import IncrementalDetokenizer, StopMatcher, TextCodec
+from spekula.trace import Recorder, RequestStats
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    stats: RequestStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "stats": self.stats.to_dict(),
+        }
+
+
+@dataclass
+class TextGeneration:
+    """A request in flight at the text level: iterate for text deltas, then call result()."""
+
+    generation: Generation
+    codec: TextCodec
+    stop: StopConfig
+    text: str = ""
+    _detok: IncrementalDetokenizer = field(init=False)
+    _matcher: StopMatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._detok = IncrementalDetokenizer(self.codec, self.generation.prompt_ids)
+        self._matcher = StopMatcher(tuple(self.stop.stop))
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            for new_ids in self.generation:
+                delta = self._matcher.feed(self._detok.feed(new_ids))
+                if delta:
+                    self.text += delta
+                    yield delta
+                if self._matcher.stopped:
+                    self.generation.finish_reason = "stop"
+                    return
+            tail = self._matcher.feed(self._detok.flush()) + self._matcher.flush()
+            if tail:
+                self.text += tail
+                yield tail
+        finally:
+            self.generation.close()
+
+    def close(self) -> None:
+        self.generation.close()
+
+    def result(self) -> Completion:
+        for _ in self:  # finish if the caller did not iterate
+            pass
+        g = self.generation
+        return Completion(self.text, list(g.token_ids), g.finish_reason or "abort", len(g.prompt_ids), g.stats)
+
+
+class Pipeline:
+    def __init__(self, target: Backend, codec: TextCodec, proposer: ProposerFactory | None, spec: SpecConfig, draft_name: str = "none") -> None:
+        self.target = target
+        self.codec = codec
+        self.spec = spec
+        self.draft_name = draft_name
+        self.engine = Engine(target, proposer, spec)
+        self.plain_engine = Engine(target, None, spec)
+
+    @classmethod
+    def load(
+        cls,
+        target: str = DEFAULT_TARGET,
+        draft: str | None = DEFAULT_DRAFT,
+        spec: SpecConfig = SpecConfig(),
+        backend: BackendConfig = BackendConfig(),
+    ) -> "Pipeline":
+        target_backend, codec = load_model(target, backend)
+        loaded = {target: (target_backend, codec)}
+
+        def load_draft(name: str) -> Backend:
+            if name not in loaded:
+                loaded[name] = load_model(name, backend)
+            draft_backend, draft_codec = loaded[name]
+            if draft_codec.vocabulary_fingerprint() != codec.vocabulary_fingerprint():
+                raise ConfigError(
+                    f"draft {name!r} and target {target!r} have different vocabularies (their tokenizers map text to "
+                    "different ids); choose a draft of the same family, or --draft ngram"
+                )
+            return draft_backend
+
+        proposer = build_proposer(draft, spec, target=target_backend, load_draft=load_draft)
+        return cls(target_backend, codec, proposer, spec, draft_name=draft or "none")
+
+    def start(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams = SamplingParams(),
+        stop: StopConfig = StopConfig(),
+        recorder: Recorder | None = None,
+        plain: bool = False,
+    ) -> TextGeneration:
+        engine = self.plain_engine if plain else self.engine
+        return TextGeneration(engine.generate(prompt_ids, sampling, stop, recorder), self.codec, stop)
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(), stop: StopConfig = StopConfig(), **kw) -> Completion:
+        return self.start(prompt_ids, sampling, stop, **kw).result()
+
+    def warmup(self) -> None:
+        """One short request on each path, so one-off costs (allocator, thread pool) hit neither measurement."""
+        ids = self.codec.encode("def f():")
+        for plain in (False, True):
+            self.generate(ids, SamplingParams(), StopConfig(max_tokens=4, ignore_eos=True), plain=plain)
+
+
+def load_model(name_or_path: str, config: BackendConfig) -> tuple[Backend, TextCodec]:
+    """A catalogue name, a Hugging Face directory or a .gguf path -> (backend, tokenizer)."""
+    from spekula.models import resolve
+
+    resolved = resolve(name_or_path)
+    backend = load_backend("transformers", resolved.hf_dir, name=resolved.name, config=config)
+    return backend, TextCodec.load(resolved.hf_dir)
+
+
+__all__ = ["Pipeline", "Completion", "TextGeneration", "load_model", "DEFAULT_TARGET", "DEFAULT_DRAFT", "needs_model"]

@@ -1,0 +1,60 @@
+"""Who drafts. This module is the one registry: the only place a proposer's name is a string."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spekula.backends.base import Backend
+from spekula.config import SpecConfig
+from spekula.errors import ConfigError
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.draft_model import DraftModelFactory, DraftModelProposer
+from spekula.proposers.ngram import NgramFactory, NgramProposer
+
+NONE = "none"
+NGRAM = "ngram"
+
+# name -> builder(spec) for proposers that need no model. Everything else given as --draft is a model.
+MODEL_FREE: dict[str, Callable[[SpecConfig], ProposerFactory]] = {
+    NGRAM: lambda spec: NgramFactory(spec.ngram_max, spec.ngram_min),
+}
+
+
+def needs_model(draft: str | None) -> bool:
+    """True when `draft` names a draft model (catalogue name or path) rather than a proposer kind."""
+    return draft not in (None, NONE) and draft not in MODEL_FREE
+
+
+def build_proposer(
+    draft: str | None,
+    spec: SpecConfig,
+    *,
+    target: Backend,
+    load_draft: Callable[[str], Backend] | None = None,
+) -> ProposerFactory | None:
+    """`draft` as a user writes it: 'none', 'ngram', or a model name / path (loaded by load_draft)."""
+    if draft in (None, NONE):
+        return None
+    if draft in MODEL_FREE:
+        return MODEL_FREE[draft](spec)
+    if load_draft is None:
+        raise ConfigError(f"unknown proposer {draft!r}; choose 'none', {', '.join(repr(n) for n in MODEL_FREE)} or a model")
+    backend = load_draft(draft)
+    check_same_vocabulary(target, backend)
+    return DraftModelFactory(backend)
+
+
+def check_same_vocabulary(target: Backend, draft: Backend) -> None:
+    """The verifier compares token ids: a draft of another vocabulary would be rejected at random."""
+    if target.vocab_size != draft.vocab_size:
+        raise ConfigError(
+            f"draft {draft.name!r} has a vocabulary of {draft.vocab_size} tokens but target {target.name!r} has "
+            f"{target.vocab_size}; speculative decoding needs the same token ids. Choose a draft of the same "
+            f"family (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b) or --draft ngram"
+        )
+
+
+__all__ = [
+    "Draft", "EMPTY_DRAFT", "Proposer", "ProposerFactory", "DraftModelFactory", "DraftModelProposer",
+    "NgramFactory", "NgramProposer", "build_proposer", "check_same_vocabulary", "needs_model", "NONE", "NGRAM",
+]

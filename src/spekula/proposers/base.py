@@ -1,0 +1,49 @@
+"""What every proposer offers the engine: a block of candidate tokens, and a way to learn the outcome.
+
+A Proposer serves ONE request (it may hold that request's draft KV cache); a ProposerFactory holds
+what requests share (a loaded draft model) and makes a Proposer per request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from spekula.config import SamplingParams
+from spekula.verify import Verdict
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]  # [k'] with k' <= k: a proposer may offer fewer tokens than asked
+    probs: torch.Tensor | None = None  # [k', V] q at each drafted position; None = deterministic (one-hot q)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft([])
+
+
+class Proposer(ABC):
+    @abstractmethod
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        """Up to k tokens that might follow `context` (every committed token: prompt + output)."""
+
+    def observe(self, context: list[int], verdict: Verdict) -> None:
+        """Called after each step with the new committed context. Default: nothing to learn."""
+
+    def close(self) -> None:
+        """Free per-request resources (a draft KV cache)."""
+
+
+class ProposerFactory(ABC):
+    name: str  # the registry name, shown in stats and traces
+
+    @abstractmethod
+    def create(self) -> Proposer: ...
+
+    def describe(self) -> dict:
+        return {"proposer": self.name}

@@ -1,0 +1,71 @@
+"""A smaller model of the same vocabulary drafts k tokens autoregressively.
+
+Its KV cache is reused across steps by longest common prefix with the committed context (as
+llama.cpp does): after a step the cache is truncated to what was committed, so the next proposal
+feeds only the tokens the draft has not seen (the recovered or bonus token, and at most one accepted
+draft token it never ran). The draft is never prefilled from scratch after the first step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spekula.backends.base import Backend
+from spekula.config import SamplingParams
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.sampling import greedy_token, probabilities, sample
+from spekula.verify import Verdict
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, backend: Backend) -> None:
+        self.sequence = backend.new_sequence()
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        if k <= 0:
+            return EMPTY_DRAFT
+        k = min(k, self.sequence.context_length - len(context))
+        if k <= 0:
+            return EMPTY_DRAFT
+        keep = min(common_prefix(self.sequence.tokens, context), len(context) - 1)  # feed >= 1 token
+        self.sequence.truncate(keep)
+        logits = self.sequence.forward(context[keep:], num_logits=1)[-1]  # [V]
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            q = probabilities(logits, sampling)  # [V]
+            token = int(greedy_token(logits) if sampling.greedy else sample(q, generator))
+            tokens.append(token)
+            probs.append(q)
+            if i + 1 < k:
+                logits = self.sequence.forward([token], num_logits=1)[-1]
+        return Draft(tokens, torch.stack(probs))  # q: [k, V]
+
+    def observe(self, context: list[int], verdict: Verdict) -> None:
+        # Roll back to exactly the committed state: rejected draft tokens leave the cache.
+        self.sequence.truncate(common_prefix(self.sequence.tokens, context))
+
+    def close(self) -> None:
+        self.sequence.release()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass
+class DraftModelFactory(ProposerFactory):
+    backend: Backend
+    name: str = "draft-model"
+
+    def create(self) -> DraftModelProposer:
+        return DraftModelProposer(self.backend)
+
+    def describe(self) -> dict:
+        return {"proposer": self.name, "draft": self.backend.name}

@@ -1,0 +1,63 @@
+"""Logits -> probabilities, one function for the draft and the target alike.
+
+Losslessness needs p and q to be the distributions the user asked for: if the draft were filtered
+differently from the target, the verifier would still return samples of p, but acceptance would
+drop. If the target were filtered differently from plain decoding, the output would be wrong. So
+both paths call `probabilities` with the same SamplingParams, and plain decoding is the k = 0 case
+of the same loop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spekula.config import SamplingParams
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Distributions over the vocabulary, one per row.
+
+    Args:
+        logits: [..., V] raw model outputs (any float dtype).
+        params: temperature, top-k, top-p, min-p. With temperature 0 (greedy) the model's own
+            softmax is returned unfiltered: greedy decoding takes its argmax, and traces show it
+            as the model's confidence.
+    Returns:
+        [..., V] float32, each row sums to 1.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        floor = params.min_p * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (the token that
+    crosses the threshold is kept), renormalised."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def greedy_token(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary; ties go to the lowest id, identically for every caller."""
+    return torch.argmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row of [..., V] probabilities, drawn with the request's generator."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,5 @@
+"""`spekula serve` (being built)."""
+
+
+def register(sub) -> None:
+    pass

@@ -1,0 +1,140 @@
+"""What happened: one record per step, one summary per request.
+
+Derived numbers live here and only here, so the CLI, traces, the server and reports agree:
+- alpha (α): accepted / drafted, the fraction of drafted tokens the target kept;
+- tau (τ): 1 + accepted / target_passes, tokens emitted per target decode pass (recovered and
+  bonus tokens included; a pass with no draft counts, so plain decoding has τ = 1);
+- tokens_per_s: output tokens / wall time from the request's start (prefill included), the same
+  definition for plain and speculative runs;
+- ttft_s: time from the request's start to its first output token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Protocol
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    target_passes: int = 0  # decode passes of the target (the prefill is not counted)
+    drafts: int = 0  # passes that verified at least one drafted token
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)  # [i]: drafts that reached position i
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
+    k_chosen: dict[int, int] = field(default_factory=dict)  # k -> number of steps
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    score_s: float = 0.0
+    accept_s: float = 0.0
+    advance_s: float = 0.0
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    finish_reason: str | None = None
+
+    def record_step(self, k: int, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        self.target_passes += 1
+        self.k_chosen[k] = self.k_chosen.get(k, 0) + 1
+        self.output_tokens += num_emitted
+        if num_drafted:
+            self.drafts += 1
+            self.drafted += num_drafted
+            self.accepted += num_accepted
+            for counts in (self.drafted_per_position, self.accepted_per_position):
+                counts.extend([0] * (num_drafted - len(counts)))
+            for i in range(num_drafted):
+                self.drafted_per_position[i] += 1
+            for i in range(num_accepted):
+                self.accepted_per_position[i] += 1
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tau(self) -> float | None:
+        return 1.0 + self.accepted / self.target_passes if self.target_passes else None
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.output_tokens / self.total_s if self.total_s > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["k_chosen"] = {str(k): v for k, v in sorted(self.k_chosen.items())}
+        d.update(
+            alpha=self.alpha,
+            tau=self.tau,
+            tokens_per_s=self.tokens_per_s,
+            acceptance_by_position=self.acceptance_by_position,
+        )
+        return d
+
+
+@dataclass
+class DraftedToken:
+    token: int
+    q: float | None  # draft probability of the token (None: deterministic proposer)
+    p: float  # target probability of the token at that position
+
+
+@dataclass
+class StepRecord:
+    """One speculative step, as --trace writes it."""
+
+    step: int
+    position: int  # committed tokens before the step
+    k: int  # draft length asked for
+    drafted: list[DraftedToken]
+    accepted: int
+    next_token: int
+    next_kind: str  # "recovered" (after a rejection), "bonus" (all accepted) or "plain" (nothing drafted)
+    next_p: float  # target probability of the recovered / bonus token
+    rejection: dict[str, Any] | None  # position, token, why, the target's top-5 alternatives
+    emitted: list[int]
+    timings: dict[str, float]  # seconds: draft, score, accept, advance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "step", **asdict(self)}
+
+
+class Recorder(Protocol):
+    def step(self, record: StepRecord) -> None: ...
+
+    def request(self, summary: dict[str, Any]) -> None: ...
+
+
+class JsonlTrace:
+    """Writes one JSON object per line: every step, then the request summary."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def step(self, record: StepRecord) -> None:
+        self.stream.write(json.dumps(record.to_dict()) + "\n")
+
+    def request(self, summary: dict[str, Any]) -> None:
+        self.stream.write(json.dumps({"type": "request", **summary}) + "\n")
+        self.stream.flush()
+
+
+class ListTrace:
+    """Keeps records in memory (tests, bench)."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+        self.requests: list[dict[str, Any]] = []
+
+    def step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    def request(self, summary: dict[str, Any]) -> None:
+        self.requests.append(summary)

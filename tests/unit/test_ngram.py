@@ -1,0 +1,34 @@
+from spekula.config import SamplingParams
+from spekula.proposers.ngram import NgramProposer
+
+
+def propose(context, k=4, nmax=3, nmin=1):
+    return NgramProposer(nmax, nmin).propose(context, k, SamplingParams(), None).tokens
+
+
+def test_longest_match_wins_and_most_recent_occurrence():
+    #          0  1  2  3  4  5  6  7  8  9
+    context = [5, 1, 2, 3, 9, 1, 2, 4, 8, 1, 2]
+    # suffix (1, 2): most recent earlier occurrence at 5..6 -> continuation 4, 8, 1, 2
+    assert propose(context) == [4, 8, 1, 2]
+    # a 3-gram match beats a shorter one even when older
+    context = [7, 1, 2, 3, 3, 0, 2, 9, 7, 1, 2]
+    assert propose(context, k=2) == [3, 3]
+
+
+def test_no_match_gives_empty_draft():
+    assert propose([1, 2, 3, 4]) == []
+    assert propose([1], nmin=1) == []
+
+
+def test_min_n_respected():
+    assert propose([4, 1, 9, 1], nmin=2) == []
+    assert propose([4, 1, 9, 1], nmin=1) == [9, 1]
+
+
+def test_incremental_index_matches_fresh_one():
+    p = NgramProposer(3, 1)
+    context = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    for end in range(2, len(context) + 1):
+        got = p.propose(context[:end], 3, SamplingParams(), None).tokens
+        assert got == NgramProposer(3, 1).propose(context[:end], 3, SamplingParams(), None).tokens

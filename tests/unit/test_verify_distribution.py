@@ -1,0 +1,140 @@
+"""The sampled output has exactly the target's distribution, at every output position.
+
+Harness: target p_t and draft q_t depend only on the output position t, so the token emitted at
+position t must be distributed as p_t whatever happened before. We run the speculative loop many
+times (draft tokens drawn from q, the verifier deciding) and compare the empirical frequencies at
+each position with p_t by Pearson's chi-square test.
+
+False-failure rate: each test function makes at most 4 positions x 1 chi-square tests at level
+ALPHA / 4 (Bonferroni), so a correct verifier fails a given test with probability <= ALPHA = 1e-4.
+Seeds are fixed, so the outcome is also reproducible. Power: the planted-bug tests at the end show
+the same harness rejects a residual that ignores q, a bonus drawn from q, and accept-everything.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from spekula.config import SamplingParams
+from spekula.sampling import probabilities, sample
+from spekula.verify import Verdict, _accepted_prefix, verify_sampled
+
+ALPHA = 1e-4
+V, K, T, TRIALS = 6, 3, 4, 6000
+
+
+def simulate(p: torch.Tensor, q: torch.Tensor | None, verify=verify_sampled, *, seed: int = 0, trials: int = TRIALS, draft_rule=None) -> torch.Tensor:
+    """Counts [T, V] of the token emitted at each output position.
+
+    p: [T + K, V] target distribution per position; q: [T + K, V] draft distribution or None for a
+    deterministic proposer (then draft_rule(position) picks its token).
+    """
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(T, V, dtype=torch.long)
+    for _ in range(trials):
+        out: list[int] = []
+        while len(out) < T:
+            t = len(out)
+            if q is not None:
+                draft = sample(q[t : t + K], g)  # [K]
+                qs = q[t : t + K]
+            else:
+                draft = torch.tensor([draft_rule(t + i) for i in range(K)])
+                qs = None
+            verdict = verify(draft, qs, p[t : t + K + 1], g)
+            out.extend(verdict.emitted(draft.tolist()))
+        for i, tok in enumerate(out[:T]):
+            counts[i, tok] += 1
+    return counts
+
+
+def pvalues(counts: torch.Tensor, p: torch.Tensor) -> list[float]:
+    """Chi-square p-value per position; tokens with p = 0 must never appear."""
+    result = []
+    for t in range(T):
+        zero = p[t] == 0
+        assert counts[t][zero].sum() == 0, f"position {t}: emitted a token the target gives probability 0"
+        support = p[t][~zero].double()
+        expected = support / support.sum() * counts[t].sum()
+        result.append(float(chisquare(counts[t][~zero].double(), expected).pvalue))
+    return result
+
+
+def assert_target_distribution(counts: torch.Tensor, p: torch.Tensor) -> None:
+    ps = pvalues(counts, p)
+    assert min(ps) > ALPHA / T, f"emitted tokens are not distributed as p: chi-square p-values {ps}"
+
+
+def random_dist(rows: int, seed: int, sharpness: float = 1.5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(rows, V, generator=g) * sharpness, dim=-1)
+
+
+def test_random_p_and_q():
+    p, q = random_dist(T + K, 1), random_dist(T + K, 2)
+    assert_target_distribution(simulate(p, q), p)
+
+
+def test_q_equals_p_accepts_everything_and_keeps_p():
+    p = random_dist(T + K, 3)
+    assert_target_distribution(simulate(p, p.clone(), seed=1), p)
+
+
+def test_deterministic_proposer_one_hot_q():
+    p = random_dist(T + K, 4)
+    assert_target_distribution(simulate(p, None, seed=2, draft_rule=lambda pos: pos % V), p)
+
+
+def test_q_zero_where_p_is_not():
+    p = random_dist(T + K, 5)
+    q = random_dist(T + K, 6)
+    q[:, :3] = 0.0  # the draft never proposes tokens 0-2; only recovered tokens can produce them
+    q = q / q.sum(-1, keepdim=True)
+    assert_target_distribution(simulate(p, q, seed=3), p)
+
+
+def test_p_with_zeros():
+    p = random_dist(T + K, 7)
+    p[:, 4:] = 0.0  # the target forbids tokens 4 and 5, which the draft proposes often
+    p = p / p.sum(-1, keepdim=True)
+    q = random_dist(T + K, 8)
+    assert_target_distribution(simulate(p, q, seed=4), p)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.3, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.2)],
+    ids=["top_k", "top_p", "min_p"],
+)
+def test_filtered_distributions(params):
+    g = torch.Generator().manual_seed(9)
+    p = probabilities(torch.randn(T + K, V, generator=g) * 2, params)
+    q = probabilities(torch.randn(T + K, V, generator=g) * 2, params)
+    assert_target_distribution(simulate(p, q, seed=5), p)
+
+
+# ---- the harness has power: planted bugs are caught -----------------------------------------
+
+
+def _buggy(residual_ignores_q=False, bonus_from_q=False, accept_all=False):
+    def verify(draft, q, p, g):
+        k = draft.shape[0]
+        idx = torch.arange(k)
+        p_x, q_x = p[idx, draft], q[idx, draft]
+        u = torch.rand(k, generator=g)
+        n = k if accept_all else _accepted_prefix(u * q_x < p_x)
+        if n == k:
+            return Verdict(k, int(sample(q[k - 1] if bonus_from_q else p[k], g)), k)
+        residual = p[n] if residual_ignores_q else torch.clamp(p[n] - q[n], min=0)
+        return Verdict(n, int(sample(residual / residual.sum(), g)), k)
+
+    return verify
+
+
+@pytest.mark.parametrize("bug", ["residual_ignores_q", "bonus_from_q", "accept_all"])
+def test_planted_bugs_are_detected(bug):
+    p, q = random_dist(T + K, 1), random_dist(T + K, 2)
+    p_values = pvalues(simulate(p, q, verify=_buggy(**{bug: True}), trials=4000), p)
+    assert min(p_values) < ALPHA / T, f"the harness missed a planted bug ({bug}): p-values {p_values}"
