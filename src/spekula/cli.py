@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
-from spekula.errors import SpekulaError
+from spekula.errors import ConfigError, SpekulaError
 
 DEFAULT_PROMPT = (
     "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number iteratively, "
@@ -23,11 +23,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: catalogue name, HF directory or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"proposer: a draft model (name or path), 'ngram', or 'none' (default {DEFAULT_DRAFT})")
-    p.add_argument("--k", type=_k_value, default=4, help="tokens drafted per step (0 = plain decoding; default 4)")
+    p.add_argument("--k", type=_k_value, default=None, help="tokens drafted per step: a number (0 = plain decoding) or 'auto' (default: the cost model chooses)")
     p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
     p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--config", metavar="FILE", default=None, help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -98,7 +99,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         result = run.result()
     out: dict[str, Any] = result.to_dict()
-    out["config"] = {"target": args.target, "draft": args.draft, "k": args.k, "dtype": args.dtype, **_sampling_dict(sampling)}
+    out["config"] = {"target": args.target, "draft": args.draft, "k": "auto" if args.k is None else args.k, "dtype": args.dtype, **_sampling_dict(sampling)}
     if args.compare:
         base = pipe.generate(prompt_ids, sampling, stop, plain=True)
         out["baseline"] = {"text": base.text, "token_ids": base.token_ids, "tokens_per_s": base.stats.tokens_per_s, "stats": base.stats.to_dict()}
@@ -159,10 +160,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_config_file(path: str, allowed: set[str]) -> dict[str, Any]:
+    """Option values from a JSON object whose keys are option names (underscores, e.g. top_p)."""
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read --config {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--config {path} is not valid JSON: {e}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path} must hold a JSON object of option names to values")
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
+    if isinstance(values.get("k"), str):
+        values["k"] = _k_value(values["k"])
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "config", None):
+            subparser = parser._subparsers._group_actions[0].choices[args.command]
+            subparser.set_defaults(**load_config_file(args.config, set(vars(args)) - {"func", "command", "config"}))
+            args = parser.parse_args(argv)  # flags on the command line still win over the file
         return args.func(args)
     except SpekulaError as e:
         print(f"spekula: error: {e}", file=sys.stderr)

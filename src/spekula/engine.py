@@ -23,7 +23,7 @@ import torch
 
 from spekula.backends.base import Backend
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import Controller, FixedK
+from spekula.control import AdaptiveK, Controller, CostModel, FixedK
 from spekula.errors import ConfigError
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
@@ -36,12 +36,20 @@ class Engine:
         self.target = target
         self.proposer = proposer
         self.spec = spec
+        self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
+
+    def calibrate(self) -> None:
+        """Measure target passes of 1 .. k_max + 1 tokens and a draft step on this machine."""
+        draft = self.proposer.draft_backend if self.proposer is not None else None
+        self.costs.calibrate(self.target, draft, k_max=self.spec.k_max)
 
     def new_controller(self) -> Controller:
         if self.proposer is None:
             return FixedK(0)
         if self.spec.k is None:
-            raise ConfigError("k = auto needs the cost-model controller, which this build does not have; pass a number")
+            if not self.costs.target_s:
+                self.calibrate()
+            return AdaptiveK(self.costs, k_max=self.spec.k_max)
         return FixedK(self.spec.k)
 
     def generate(
@@ -137,7 +145,7 @@ class Generation:
                 t4 = time.perf_counter()
 
                 controller.observe(k, len(draft), verdict.num_accepted, t1 - t0, t2 - t1)
-                stats.record_step(k, len(draft), verdict.num_accepted, len(emitted))
+                stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
                 stats.draft_s += t1 - t0
                 stats.score_s += t2 - t1
                 stats.accept_s += t3 - t2
@@ -146,12 +154,13 @@ class Generation:
                     stats.ttft_s = t4 - start
                 if self.recorder is not None:
                     timings = {"draft": t1 - t0, "score": t2 - t1, "accept": t3 - t2, "advance": t4 - t3}
-                    self.recorder.step(_step_record(step, position, k, draft, logits, p, verdict, emitted, self.sampling, timings))
+                    self.recorder.step(_step_record(step, position, k, draft, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup))
                 step += 1
                 if emitted:
                     yield emitted
         finally:
             stats.total_s = time.perf_counter() - start
+            stats.plain_pass_s = engine.costs.target_s.get(1)
             stats.finish_reason = self.finish_reason = self.finish_reason or "abort"
             target.release()
             if proposer is not None:
@@ -202,7 +211,7 @@ class Generation:
         return emitted
 
 
-def _step_record(step, position, k, draft: Draft, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings) -> StepRecord:
+def _step_record(step, position, k, draft: Draft, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted) -> StepRecord:
     """Everything a reader needs to see why the step went as it did."""
     drafted = [
         DraftedToken(t, None if draft.probs is None else float(draft.probs[i, t]), float(p[i, t]))
@@ -228,5 +237,5 @@ def _step_record(step, position, k, draft: Draft, logits, p, verdict: Verdict, e
     kind = "plain" if not len(draft) else ("bonus" if verdict.bonus else "recovered")
     return StepRecord(
         step=step, position=position, k=k, drafted=drafted, accepted=n, next_token=verdict.next_token,
-        next_kind=kind, next_p=float(p[n, verdict.next_token]), rejection=rejection, emitted=list(emitted), timings=timings,
+        next_kind=kind, next_p=float(p[n, verdict.next_token]), rejection=rejection, emitted=list(emitted), timings=timings, predicted_speedup=predicted,
     )

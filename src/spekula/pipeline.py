@@ -58,15 +58,21 @@ class TextGeneration:
         self._matcher = StopMatcher(tuple(self.stop.stop))
 
     def __iter__(self) -> Iterator[str]:
+        return (delta for delta in self.steps() if delta)
+
+    def steps(self) -> Iterator[str]:
+        """One item per engine step: the text it completed, possibly "" (held back: an incomplete
+        character or a possible stop string). A scheduler interleaves requests with this and can
+        stop one between any two steps; close() the iterator to free the KV caches at once."""
         try:
             for new_ids in self.generation:
                 delta = self._matcher.feed(self._detok.feed(new_ids))
-                if delta:
-                    self.text += delta
-                    yield delta
+                self.text += delta
                 if self._matcher.stopped:
                     self.generation.finish_reason = "stop"
+                    yield delta
                     return
+                yield delta
             tail = self._matcher.feed(self._detok.flush()) + self._matcher.flush()
             if tail:
                 self.text += tail
@@ -116,7 +122,10 @@ class Pipeline:
             return draft_backend
 
         proposer = build_proposer(draft, spec, target=target_backend, load_draft=load_draft)
-        return cls(target_backend, codec, proposer, spec, draft_name=draft or "none")
+        pipe = cls(target_backend, codec, proposer, spec, draft_name=draft or "none")
+        if spec.k is None and proposer is not None:
+            pipe.engine.calibrate()  # before any request, so no request's TTFT pays for it
+        return pipe
 
     def start(
         self,

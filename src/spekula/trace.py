@@ -6,7 +6,11 @@ Derived numbers live here and only here, so the CLI, traces, the server and repo
   bonus tokens included; a pass with no draft counts, so plain decoding has τ = 1);
 - tokens_per_s: output tokens / wall time from the request's start (prefill included), the same
   definition for plain and speculative runs;
-- ttft_s: time from the request's start to its first output token.
+- ttft_s: time from the request's start to its first output token;
+- predicted_speedup: the controller's mean prediction over the request's steps (--k auto);
+- measured_speedup: output tokens per second of decoding (draft + score + accept + advance)
+  times plain_pass_s, the measured cost of a one-token target pass: speedup over plain decoding as
+  this request's own timings imply it. `spekula generate --compare` measures the real ratio.
 """
 
 from __future__ import annotations
@@ -35,9 +39,15 @@ class RequestStats:
     ttft_s: float | None = None
     total_s: float = 0.0
     finish_reason: str | None = None
+    plain_pass_s: float | None = None  # measured seconds of a one-token target pass (cost model)
+    predicted_speedup_sum: float = 0.0
+    predicted_steps: int = 0
 
-    def record_step(self, k: int, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+    def record_step(self, k: int, num_drafted: int, num_accepted: int, num_emitted: int, predicted_speedup: float | None = None) -> None:
         self.target_passes += 1
+        if predicted_speedup is not None:
+            self.predicted_speedup_sum += predicted_speedup
+            self.predicted_steps += 1
         self.k_chosen[k] = self.k_chosen.get(k, 0) + 1
         self.output_tokens += num_emitted
         if num_drafted:
@@ -67,6 +77,17 @@ class RequestStats:
     def tokens_per_s(self) -> float | None:
         return self.output_tokens / self.total_s if self.total_s > 0 else None
 
+    @property
+    def predicted_speedup(self) -> float | None:
+        return self.predicted_speedup_sum / self.predicted_steps if self.predicted_steps else None
+
+    @property
+    def measured_speedup(self) -> float | None:
+        decode_s = self.draft_s + self.score_s + self.accept_s + self.advance_s
+        if not self.plain_pass_s or decode_s <= 0:
+            return None
+        return self.output_tokens / decode_s * self.plain_pass_s
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["k_chosen"] = {str(k): v for k, v in sorted(self.k_chosen.items())}
@@ -75,7 +96,10 @@ class RequestStats:
             tau=self.tau,
             tokens_per_s=self.tokens_per_s,
             acceptance_by_position=self.acceptance_by_position,
+            predicted_speedup=self.predicted_speedup,
+            measured_speedup=self.measured_speedup,
         )
+        del d["predicted_speedup_sum"], d["predicted_steps"]
         return d
 
 
@@ -101,6 +125,7 @@ class StepRecord:
     rejection: dict[str, Any] | None  # position, token, why, the target's top-5 alternatives
     emitted: list[int]
     timings: dict[str, float]  # seconds: draft, score, accept, advance
+    predicted_speedup: float | None = None  # the controller's prediction for the chosen k
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "step", **asdict(self)}

@@ -42,6 +42,11 @@ class Proposer(ABC):
 class ProposerFactory(ABC):
     name: str  # the registry name, shown in stats and traces
 
+    @property
+    def draft_backend(self):
+        """The draft model, for proposers that run one (the cost model times it); else None."""
+        return None
+
     @abstractmethod
     def create(self) -> Proposer: ...
 

@@ -67,5 +67,9 @@ class DraftModelFactory(ProposerFactory):
     def create(self) -> DraftModelProposer:
         return DraftModelProposer(self.backend)
 
+    @property
+    def draft_backend(self) -> Backend:
+        return self.backend
+
     def describe(self) -> dict:
         return {"proposer": self.name, "draft": self.backend.name}
