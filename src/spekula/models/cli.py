@@ -32,9 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _list(args: argparse.Namespace) -> int:
     rows = [("NAME", "PARAMS", "SIZE", "LICENCE", "INSTALLED", "VERIFIED", "CONVERTED")]
     for s in list_models():
-        rows.append(
-            (s.name, _count(s.parameters), f"{s.gguf_size / 1e6:,.0f} MB", s.licence, _yes(s.installed), _yes(s.verified), _yes(s.converted))
-        )
+        size = f"{s.gguf_size / 1e6:,.0f} MB"
+        rows.append((s.name, _count(s.parameters), size, s.licence, *map(_yes, (s.installed, s.verified, s.converted))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

