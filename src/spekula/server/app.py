@@ -1,0 +1,156 @@
+"""The FastAPI app: create_app(pipeline or factory, settings), its lifespan, the gate, error handlers.
+
+The gate (a plain ASGI middleware) counts every response by endpoint and status and checks the API
+key before anything else runs; /health stays open so a load balancer needs no key. Every error
+leaves as an OpenAI-style error object (spekula.server.errors), including FastAPI's own 404/405.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from spekula.errors import ConfigError
+from spekula.pipeline import Pipeline
+from spekula.server.errors import APIError, error_body
+from spekula.server.metrics import ENDPOINTS, ServerMetrics
+from spekula.server.routes import router
+from spekula.server.scheduler import Scheduler
+from spekula.server.schemas import GenerationRequest
+from spekula.server.settings import ServerSettings
+
+log = logging.getLogger("spekula.server")
+
+
+@dataclass
+class ServerState:
+    """What the routes share: reached as request.app.state.server."""
+
+    settings: ServerSettings
+    metrics: ServerMetrics
+    pipeline: Pipeline | None = None
+    scheduler: Scheduler | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    # Fast tokenizers must not be used for two encodes at once; decoding (in the worker) only reads.
+    encode_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name or self.pipeline.target.name
+
+    def encode(self, req: GenerationRequest) -> list[int]:
+        """Prompt or chat messages -> token ids, checked against the model's vocabulary and context."""
+        target, codec = self.pipeline.target, self.pipeline.codec
+        if isinstance(req.prompt, list):
+            bad = [t for t in req.prompt if not 0 <= t < target.vocab_size]
+            if bad:
+                raise APIError(400, f"token ids {bad[:5]} in 'prompt' are outside the vocabulary [0, {target.vocab_size})", param="prompt")
+            ids = list(req.prompt)
+        else:
+            with self.encode_lock:
+                try:
+                    ids = codec.encode(prompt=req.prompt) if req.kind == "completion" else codec.encode(messages=req.messages, chat=True)
+                except ConfigError as e:  # no chat template
+                    raise APIError(422, f"{e}; use /v1/completions", param="messages") from None
+                except Exception as e:  # a template that refuses the conversation (e.g. roles must alternate)
+                    raise APIError(422, f"the model's chat template refused these messages: {e}", param="messages") from None
+        param = "prompt" if req.kind == "completion" else "messages"
+        if not ids:
+            raise APIError(400, f"'{param}' is empty after tokenization; give at least one token of text", param=param)
+        if len(ids) >= target.context_length:
+            raise APIError(
+                422, f"the prompt has {len(ids)} tokens but the model's context holds {target.context_length} "
+                "(prompt and output together); shorten the prompt", param=param, code="context_length_exceeded",
+            )
+        return ids
+
+
+def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSettings = ServerSettings()) -> FastAPI:
+    """An app serving `pipeline` (or the one `pipeline()` loads at startup, off the event loop)."""
+    state = ServerState(settings, ServerMetrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.pipeline = pipeline if isinstance(pipeline, Pipeline) else await asyncio.to_thread(pipeline)
+        state.scheduler = Scheduler(state.pipeline, state.metrics, max_running=settings.max_running, max_queue=settings.max_queue)
+        state.scheduler.start()
+        log.info("serving %s (proposer %s) on the scheduler thread", state.model_name, state.pipeline.draft_name)
+        yield
+        drained = await asyncio.to_thread(state.scheduler.close, settings.shutdown_timeout_s)
+        log.info("scheduler stopped%s", "" if drained else " (requests still running were aborted)")
+
+    app = FastAPI(title="spekula", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    app.include_router(router)
+    app.add_middleware(Gate, api_key=settings.api_key, metrics=state.metrics)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        message = {404: f"no such path {request.url.path}; the API lives under /v1 (completions, chat/completions, models)",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return JSONResponse(error_body(e.status_code, message), status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(400, f"invalid request: {e.errors()[:1]}"), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body(500, "internal server error; the server log has the details"), status_code=500)
+
+    return app
+
+
+class Gate:
+    """Counts responses by endpoint and status; refuses requests without the right API key."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.key = api_key.encode() if api_key else None
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        endpoint = path if path in ENDPOINTS else "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http_requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        if self.key is not None and path != "/health":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                response = JSONResponse(error_body(401, refusal, code="invalid_api_key"), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, counted)
+        await self.app(scope, receive, counted)
+
+    def _refusal(self, scope: Scope) -> str | None:
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if header is None:
+            return "this server needs an API key: send the header 'Authorization: Bearer <key>'"
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return "malformed Authorization header: send 'Authorization: Bearer <key>'"
+        if not hmac.compare_digest(token.strip(), self.key):  # constant time: no timing hint at the key
+            return "wrong API key: check the key you send in 'Authorization: Bearer <key>'"
+        return None

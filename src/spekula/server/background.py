@@ -1,0 +1,76 @@
+"""Run an app on loopback in a background thread: for tests, the load script and notebooks.
+
+`spekula serve` runs uvicorn in the foreground instead; this is the same server, started and stopped
+from Python, with Events (not flags to poll) for "listening" and "no longer listening".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from spekula.server.cli import bind
+
+
+class ReadyServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()  # set once listening (or once startup failed: check .started)
+        self.closing = threading.Event()  # set once shutdown began: new connections are refused
+
+    async def startup(self, sockets=None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:  # what super().shutdown does first; done here so it can be signalled
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        self.closing.set()
+        await super().shutdown(sockets)
+
+
+@dataclass
+class Running:
+    url: str  # http://127.0.0.1:PORT (the API is under /v1)
+    server: ReadyServer
+    app: object
+
+    @property
+    def scheduler(self):
+        return self.app.state.server.scheduler
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample's value from the app's own registry (what GET /metrics renders); 0 if absent."""
+        value = self.app.state.server.metrics.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+
+@contextmanager
+def serving(app, host: str = "127.0.0.1", startup_timeout: float = 300.0, shutdown_timeout: int = 10) -> Iterator[Running]:
+    """Serves `app` on a free port of `host` until the block ends (in-flight requests finish first)."""
+    sock = bind(host, 0)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=shutdown_timeout)
+    server = ReadyServer(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="spekula-uvicorn", daemon=True)
+    thread.start()
+    try:
+        if not server.ready.wait(startup_timeout):
+            raise RuntimeError(f"the server did not start within {startup_timeout:g} s")
+        if not server.started:
+            raise RuntimeError("the server failed to start (see the log above)")
+        yield Running(f"http://{host}:{port}", server, app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=shutdown_timeout + 20)
+        sock.close()
+        if thread.is_alive():
+            raise RuntimeError("the server did not stop")

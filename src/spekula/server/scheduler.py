@@ -1,0 +1,273 @@
+"""One worker thread owns the model and steps every running request.
+
+    HTTP handlers (event loop) --submit--> waiting queue --admit--> running --step, step, ...--> done
+                               <--events-- (Delta per step with text, then Finished or Failed)
+
+- Requests join and leave between rounds. Each round gives every running request ONE engine step
+  (up to k + 1 tokens), round-robin: the transformers backend runs one sequence per forward. A
+  backend with `capabilities.batching` would instead gather the running requests' blocks into one
+  forward in `_round` (continuous batching); nothing outside `_round` would change.
+- Speculation: each request gets the engine's controller (`--k auto`: the cost model picks k per
+  step, 0 = plain, from costs measured on this machine while serving). Stepping one sequence at a
+  time, a step costs the same whether 1 or 16 requests run, and throughput is total tokens over
+  total step time; so the k that maximises one request's tokens per second also maximises the
+  server's, and the controller switches speculation off exactly when it stops paying, load or not.
+  (A batching backend changes that: a wide pass verifies many sequences for little more than one,
+  so plain decoding gets cheaper per token as the batch grows. Its costs must then be measured per
+  batch width, and `_round` is where the width is known.)
+- The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
+- A cancelled request (client gone) is closed before its next step: within one step its KV caches
+  are freed and its slot goes to the next waiting request. The same holds for a deadline.
+- close(): refuses new requests at once, lets admitted ones finish (up to a timeout), then stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from spekula.config import SamplingParams, StopConfig
+from spekula.errors import SpekulaError
+from spekula.pipeline import Pipeline, TextGeneration
+from spekula.server.errors import APIError
+from spekula.server.metrics import ServerMetrics, StepMeter
+from spekula.trace import RequestStats
+
+log = logging.getLogger("spekula.server")
+ENGINE_ERROR = APIError(500, "the engine failed on this request; the server log has the details", code="engine_error")
+
+
+@dataclass
+class Delta:
+    text: str
+
+
+@dataclass
+class Finished:
+    text: str
+    finish_reason: str  # stop | length
+    stats: RequestStats
+
+
+@dataclass
+class Failed:
+    error: APIError
+    stats: RequestStats | None = None
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """One request as the scheduler sees it. `sink` receives its events, from the worker thread."""
+
+    id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stop: StopConfig
+    sink: Callable[[Event], None]
+    timeout_s: float
+    log_text: str | None = None  # the prompt, only when --log-prompts
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    run: TextGeneration | None = None
+    steps: Iterator[str] | None = None
+    meter: StepMeter | None = None
+    started: float | None = None
+
+    @property
+    def deadline(self) -> float:
+        return self.arrived + self.timeout_s
+
+
+class Scheduler:
+    def __init__(self, pipeline: Pipeline, metrics: ServerMetrics, *, max_running: int, max_queue: int) -> None:
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.max_running = max_running
+        self.max_queue = max_queue
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._accepting = True
+        self._stop = False
+        self._service_s = 1.0  # running mean of admission-to-finish time, for Retry-After
+        self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
+        metrics.track_queue(lambda: len(self._waiting), lambda: len(self._running))
+
+    # -- called from the event loop -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if not self._accepting:
+                raise APIError(503, "the server is shutting down and takes no new requests; retry on another instance or later", code="shutting_down")
+            if len(self._waiting) >= self.max_queue and len(self._running) + len(self._waiting) >= self.max_running:
+                retry = self.retry_after()
+                raise APIError(
+                    429, f"the server is busy ({len(self._running)} running, {len(self._waiting)} waiting, queue limit {self.max_queue}); "
+                    f"retry after {retry} s", code="queue_full", headers={"Retry-After": str(retry)},
+                )
+            self._waiting.append(job)
+            self._cv.notify_all()
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone. A waiting job leaves the queue now; a running one before its next step."""
+        job.cancelled.set()
+        with self._cv:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self.metrics.finished("abort", None, time.monotonic() - job.arrived)
+                self._cv.notify_all()
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: queued requests ahead, served max_running at a time."""
+        return max(1, math.ceil(self._service_s * (len(self._waiting) + 1) / self.max_running))
+
+    def close(self, timeout: float) -> bool:
+        """Refuse new requests, let admitted ones finish for up to `timeout` s, then stop the worker.
+
+        Returns True when everything finished in time; otherwise the rest were aborted.
+        """
+        with self._cv:
+            self._accepting = False
+            drained = self._cv.wait_for(lambda: not self._waiting and not self._running, timeout)
+            self._stop = True  # the worker aborts whatever is left, then exits
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=max(timeout, 5.0))
+        return drained
+
+    def wait_for(self, predicate: Callable[["Scheduler"], bool], timeout: float) -> bool:
+        """Block until predicate(self) holds (checked at every admission and finish). For tests and tools."""
+        with self._cv:
+            return self._cv.wait_for(lambda: predicate(self), timeout)
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # -- the worker thread ----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._waiting or self._running or self._stop)
+                if self._stop:
+                    leftover = list(self._waiting) + list(self._running)
+                    self._waiting.clear()
+                    break
+                admitted = []
+                while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                    admitted.append(self._waiting.popleft())
+            for job in admitted:
+                self._admit(job)
+            self._round()
+        for job in leftover:
+            self._finish(job, "abort", APIError(503, "the server shut down before this request finished; retry it", code="shutting_down"))
+
+    def _admit(self, job: Job) -> None:
+        now = time.monotonic()
+        if job.cancelled.is_set():
+            return self._finish(job, "abort")
+        if now > job.deadline:
+            return self._finish(job, "timeout", self._timeout_error(job))
+        try:
+            generation = self.pipeline.engine.generate(job.prompt_ids, job.sampling, job.stop)
+        except SpekulaError as e:  # the handler validated the prompt; this is a backstop
+            return self._finish(job, "error", APIError(400, str(e)))
+        except Exception:
+            log.exception("request %s could not start", job.id)
+            return self._finish(job, "error", ENGINE_ERROR)
+        job.run = TextGeneration(generation, self.pipeline.codec, job.stop)
+        job.steps = job.run.steps()
+        job.meter = StepMeter(self.metrics, generation.stats)
+        job.started = now
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        self.metrics.queue_time.observe(now - job.arrived)
+        with self._cv:
+            self._running.append(job)
+            self._cv.notify_all()
+
+    def _round(self) -> None:
+        """One engine step for every running request (the place a batching backend would batch)."""
+        for job in list(self._running):
+            self._step(job)
+
+    def _step(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            return self._finish(job, "abort")
+        if time.monotonic() > job.deadline:
+            return self._finish(job, "timeout", self._timeout_error(job))
+        try:
+            delta = next(job.steps)
+            job.meter.update()
+        except StopIteration:
+            return self._finish(job, job.run.generation.finish_reason or "stop")
+        except Exception:  # one request's failure must not take the worker (and every other request) down
+            log.exception("request %s failed in the engine", job.id)
+            return self._finish(job, "error", ENGINE_ERROR)
+        if delta:
+            job.sink(Delta(delta))
+
+    def _finish(self, job: Job, reason: str, error: APIError | None = None) -> None:
+        stats = None
+        if job.run is not None:
+            try:
+                job.steps.close()  # frees both KV caches now if the request was cut short
+                job.meter.update()
+            except Exception:
+                log.exception("request %s: cleaning up failed", job.id)
+            stats = job.run.generation.stats
+        now = time.monotonic()
+        with self._cv:
+            if job in self._running:
+                self._running.remove(job)
+            if job.started is not None:
+                self._service_s = 0.8 * self._service_s + 0.2 * (now - job.started)
+            self._cv.notify_all()
+        self.metrics.finished(reason, stats, now - job.arrived)
+        if error is not None:
+            job.sink(Failed(error, stats))
+        elif reason in ("stop", "length"):
+            job.sink(Finished(job.run.text, reason, stats))
+        else:  # abort: the client is gone
+            job.sink(Failed(APIError(499, "the client closed the connection"), stats))
+        self._log(job, reason, stats)
+
+    def _timeout_error(self, job: Job) -> APIError:
+        return APIError(
+            504, f"the request ran past the server's time limit of {job.timeout_s:g} s; lower max_tokens "
+            "(the operator can raise --request-timeout)", code="timeout",
+        )
+
+    def _log(self, job: Job, reason: str, stats: RequestStats | None) -> None:
+        if stats is None:
+            log.info("request %s: %s before it started", job.id, reason)
+            return
+        log.info(
+            "request %s: %s, %d prompt + %d output tokens, alpha %s, tau %s, %.2f s",
+            job.id, reason, stats.prompt_tokens, stats.output_tokens, _fmt(stats.alpha), _fmt(stats.tau), stats.total_s,
+        )
+        if job.log_text is not None:
+            log.info("request %s prompt: %r output: %r", job.id, job.log_text, job.run.text)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
