@@ -82,6 +82,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stop = StopConfig(max_tokens=args.max_tokens, stop=tuple(args.stop))
     spec = spec_from_args(args)
     backend = backend_from_args(args)
+    if sampling.seed is not None and not sampling.greedy and spec.k is None and args.draft != "none":
+        _log("note: with --k auto the chosen k follows measured timings, so a seeded sampled run can differ between "
+             "runs (its distribution does not); pass --k N for exact repeats")
     prompt = sys.stdin.read() if args.prompt == "-" else (args.prompt or DEFAULT_PROMPT)
     chat = args.chat or args.prompt is None  # the built-in prompt is an instruction
     _log(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")

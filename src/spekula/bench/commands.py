@@ -1,0 +1,234 @@
+"""bench, tune and audit as library functions over loaded configurations.
+
+spekula.bench.cli parses options and loads models, then calls these; tests call them with
+in-memory models. Each returns what the CLI prints and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from spekula.bench import tune as tuning
+from spekula.bench.audit import AuditReport, audit_distribution, audit_greedy, compare_texts
+from spekula.bench.endpoint import Endpoint, Load, run_endpoint
+from spekula.bench.manifest import manifest
+from spekula.bench.metrics import RequestResult, attach_comparisons
+from spekula.bench.results import result_dict, write_outputs
+from spekula.bench.runner import PLAIN, Contender, SpecChoice, encode_items, render_tokens, request_sampling, run_inprocess
+from spekula.bench.workloads import WorkItem
+from spekula.config import SamplingParams, StopConfig
+from spekula.errors import ConfigError
+
+
+def bench_inprocess(
+    contenders: list[Contender],
+    codec: Any,
+    items: list[WorkItem],
+    *,
+    target_name: str,
+    models: list[dict[str, Any]],
+    workload_name: str,
+    out_dir: Path,
+    sampling: SamplingParams = SamplingParams(),
+    max_tokens: int | None = None,
+    ignore_eos: bool = False,
+    chat: bool = False,
+    repeats: int = 1,
+    warmup: bool = True,
+    progress: bool = True,
+    render_id: str | None = None,
+    markdown_into: Path | None = None,
+    config: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """Run, summarise, write results.json / report.html / summary.md / plots. Returns (result, summary, paths)."""
+    results = run_inprocess(contenders, codec, items, sampling, max_tokens=max_tokens, ignore_eos=ignore_eos, chat=chat,
+                            repeats=repeats, warmup=warmup, progress=progress)
+    configs = [c.choice.to_dict() for c in contenders]
+    result = result_dict(
+        mode="in-process", target=target_name, configs=configs, baseline=PLAIN, workload_name=workload_name, items=items,
+        sampling=sampling, max_tokens=max_tokens, repeats=repeats, results=results,
+        manifest=manifest(models=models, config=config or {}, seeds=_seeds(sampling, items, repeats)), extra=extra,
+    )
+    result["render"] = _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id)
+    summary, paths = write_outputs(result, out_dir, markdown_into)
+    return result, summary, paths
+
+
+def _seeds(sampling: SamplingParams, items: list[WorkItem], repeats: int) -> dict[str, Any]:
+    base = sampling.seed if sampling.seed is not None else 0
+    return {"base": base, "rule": "request seed = base + prompt index + 10007 * repeat (same for every configuration)",
+            "used": sampling.temperature > 0, "prompts": len(items), "repeats": repeats}
+
+
+def _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id) -> dict[str, Any] | None:
+    """One output token by token: the given prompt, or the prompt with the median speedup under the
+    configuration with the best median speedup (a typical output, not the best case)."""
+    spec = [c for c in contenders if not c.plain]
+    if not spec:
+        return None
+    by_name = {c.name: c for c in spec}
+    overall = {n: result["summary"][n]["overall"]["speedup"]["median"] or 0.0 for n in by_name}
+    best = max(overall, key=overall.get)
+    if render_id is not None:
+        if render_id not in {i.id for i in items}:
+            raise ConfigError(f"--render {render_id!r} is not a prompt id of this run")
+        item_id, why = render_id, f"{render_id} as asked (--render), under {best}, the configuration with the best median speedup"
+    else:
+        mine = sorted((r for r in result["requests"] if r["config"] == best and r["speedup"] is not None and r["repeat"] == 0), key=lambda r: r["speedup"])
+        if not mine:
+            return None
+        item_id = mine[len(mine) // 2]["prompt_id"]
+        why = f"the prompt with the median speedup under {best}, the configuration with the best median speedup"
+    index = next(n for n, i in enumerate(items) if i.id == item_id)
+    item = items[index]
+    ids = item.encode(codec, chat=chat)
+    stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
+    tokens = render_tokens(by_name[best], codec, ids, request_sampling(sampling, index, 0), stop)
+    prompt = item.prompt if item.prompt is not None else "\n\n".join(f"[{m['role']}] {m['content']}" for m in item.chat_messages())
+    return {"config": best, "prompt_id": item_id, "why": why, "prompt": prompt, "tokens": tokens}
+
+
+def bench_endpoints(
+    endpoint: Endpoint,
+    baseline: Endpoint | None,
+    items: list[WorkItem],
+    load: Load,
+    *,
+    workload_name: str,
+    out_dir: Path,
+    sampling: SamplingParams = SamplingParams(),
+    max_tokens: int | None = None,
+    chat: bool = False,
+    progress: bool = True,
+    markdown_into: Path | None = None,
+    config: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """The baseline deployment first (when given), then the measured one, same prompts, same load."""
+    results: list[RequestResult] = []
+    walls: dict[str, float] = {}
+    configs = []
+    for ep in ([baseline] if baseline else []) + [endpoint]:
+        rs, wall, model = run_endpoint(ep, items, sampling, load, max_tokens=max_tokens, chat=chat, progress=progress)
+        results += rs
+        walls[ep.name] = wall
+        configs.append({"name": ep.name, "url": ep.url, "model": model, "draft": None, "k": None})
+    base_name = baseline.name if baseline else endpoint.name
+    attach_comparisons(results, base_name, sampling.greedy)
+    models = [{"role": c["name"], "name": c["model"], "url": c["url"], "sha256": None} for c in configs]
+    load_d = {"concurrency": load.concurrency, "requests": load.requests, "time_limit_s": load.time_limit_s, "request_timeout_s": load.request_timeout_s}
+    result = result_dict(
+        mode="endpoint", target=configs[-1]["model"], configs=configs, baseline=base_name, workload_name=workload_name, items=items,
+        sampling=sampling, max_tokens=max_tokens, repeats=1, results=results, walls=walls,
+        manifest=manifest(models=models, config={**(config or {}), "load": load_d}, seeds=_seeds(sampling, items, 1)),
+        extra={"load": load_d},
+    )
+    summary, paths = write_outputs(result, out_dir, markdown_into)
+    return result, summary, paths
+
+
+def tune(
+    contenders: list[Contender],
+    choices: list[SpecChoice],
+    codec: Any,
+    items: list[WorkItem],
+    *,
+    target_name: str,
+    dtype: str,
+    models: list[dict[str, Any]],
+    workload_name: str,
+    out_dir: Path,
+    config_path: Path,
+    sampling: SamplingParams = SamplingParams(),
+    max_tokens: int | None = None,
+    min_speedup: float = 1.05,
+    repeats: int = 1,
+    progress: bool = True,
+    config: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """Sweep, recommend, write the config file. Returns (tune result, printed text, paths)."""
+    if min_speedup <= 0:
+        raise ConfigError(f"--min-speedup must be > 0, got {min_speedup}")
+    result, _, paths = bench_inprocess(
+        contenders, codec, items, target_name=target_name, models=models, workload_name=workload_name, out_dir=out_dir,
+        sampling=sampling, max_tokens=max_tokens, repeats=repeats, progress=progress, config=config,
+    )
+    rows = tuning.table(result["summary"], choices)
+    choice, reason = tuning.recommend(rows, choices, min_speedup)
+    tuned = tuning.tuned_config(choice, target_name, dtype, sampling)
+    tuning.write_config(tuned, config_path)
+    outcome = {"kind": "spekula-tune", "recommended": choice.name, "reason": reason, "min_speedup": min_speedup,
+               "config": tuned, "config_path": str(config_path), "table": rows, "bench_results": paths["results"],
+               "manifest": result["manifest"]}
+    (out_dir / "tune.json").write_text(json.dumps(outcome, indent=1) + "\n")
+    text = "\n".join([
+        f"## spekula tune: {target_name}, {len(items)} prompts, {'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}",
+        "", tuning.format_table(rows, choice.name), "",
+        f"recommended: {reason}",
+        f"wrote {config_path}: use it with `spekula generate --config {config_path}`",
+    ])
+    return outcome, text, {**paths, "tune": str(out_dir / "tune.json"), "config_file": str(config_path)}
+
+
+def audit(
+    contenders: list[Contender],
+    codec: Any,
+    items: list[WorkItem],
+    *,
+    sampling: SamplingParams,
+    max_tokens: int | None,
+    chat: bool = False,
+    samples: int = 200,
+    positions: int = 3,
+    dist_prompts: int = 2,
+    level: float = 0.01,
+    seed: int = 0,
+    progress: bool = True,
+) -> AuditReport:
+    """Greedy equality over `items`, then the distribution test on the `dist_prompts` shortest prompts."""
+    from tqdm import tqdm
+
+    if not 0 < level < 1:
+        raise ConfigError(f"--level must be in (0, 1), got {level}")
+    if samples < 1 or positions < 1 or dist_prompts < 0:
+        raise ConfigError("--samples and --positions must be >= 1, --dist-prompts >= 0")
+    if len(contenders) < 2:
+        raise ConfigError("nothing to audit: give at least one speculative configuration (--draft / --spec)")
+    if sampling.greedy and dist_prompts:
+        raise ConfigError("the distribution test needs sampling: pass --temperature > 0 (or --dist-prompts 0 for the greedy check only)")
+    ids = encode_items(items, codec, chat)
+    shortest = sorted(items, key=lambda i: len(ids[i.id]))[:dist_prompts]
+    spec = len(contenders) - 1
+    bar = tqdm(total=len(items) * spec + len(shortest) * spec * samples, file=sys.stderr, disable=not progress, unit="run", dynamic_ncols=True)
+    with bar:
+        tick: Callable[[], None] = lambda: bar.update(1)
+        report = AuditReport(level)
+        report.greedy = audit_greedy(contenders, items, ids, max_tokens, progress=tick)
+        if shortest:
+            report.distribution = audit_distribution(contenders, shortest, ids, sampling, samples=samples, positions=positions, seed=seed, progress=tick)
+    return report
+
+
+def audit_endpoints(endpoint: Endpoint, baseline: Endpoint, items: list[WorkItem], load: Load, *, max_tokens: int | None, chat: bool = False,
+                    progress: bool = True, level: float = 0.01) -> AuditReport:
+    """Greedy equality of two deployments, prompt by prompt (text: an HTTP API returns no token ids)."""
+    greedy = SamplingParams()
+    base, _, _ = run_endpoint(baseline, items, greedy, load, max_tokens=max_tokens, chat=chat, progress=progress)
+    mine, _, _ = run_endpoint(endpoint, items, greedy, load, max_tokens=max_tokens, chat=chat, progress=progress)
+    errors = [r for r in base + mine if r.error]
+    if errors:
+        raise ConfigError(f"{len(errors)} request(s) failed, e.g. {errors[0].config} / {errors[0].prompt_id}: {errors[0].error}")
+    ref = {(r.prompt_id, r.repeat): r.text for r in base}
+    report = AuditReport(level)
+    report.endpoint_greedy = [compare_texts(endpoint.name, r.prompt_id, ref[(r.prompt_id, r.repeat)], r.text) for r in mine if (r.prompt_id, r.repeat) in ref]
+    return report
+
+
+def distribution_sampling(sampling: SamplingParams) -> SamplingParams:
+    """The audit's distribution test samples; with greedy options it uses temperature 1."""
+    return replace(sampling, temperature=1.0) if sampling.greedy else sampling

@@ -1,0 +1,162 @@
+"""Measuring OpenAI-compatible endpoints (spekula serve, vLLM, llama.cpp server, ...) with the openai client.
+
+Each request streams, so time to first token and time per output token are measured on the client.
+Output tokens are the server's own count (`usage.completion_tokens`, asked for with
+stream_options.include_usage) when it reports one, otherwise the number of non-empty stream chunks
+(marked per request as token_count_source = "chunks"); a comparison counts both sides the same way.
+Requests are bounded: at most `requests` of them, no new one after `time_limit` seconds, each one
+cut after `request_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from spekula.bench.metrics import RequestResult
+from spekula.bench.runner import request_sampling
+from spekula.bench.workloads import WorkItem
+from spekula.config import SamplingParams
+from spekula.errors import ConfigError
+from spekula.trace import RequestStats
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str  # label in reports: "endpoint" or "baseline"
+    url: str  # base URL, e.g. http://127.0.0.1:8000/v1
+    model: str | None = None  # None: the first model the server lists
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int = 1
+    requests: int | None = None  # None: one per workload item
+    time_limit_s: float | None = None  # no new request after this many seconds
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.requests is not None and self.requests < 1:
+            raise ConfigError(f"--requests must be >= 1, got {self.requests}")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise ConfigError(f"--time-limit must be > 0 seconds, got {self.time_limit_s}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
+
+
+def normalise_url(url: str) -> str:
+    """Accept http://host:port as well as http://host:port/v1 (the openai client wants the /v1)."""
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"endpoint {url!r} must start with http:// or https://")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def run_endpoint(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingParams, load: Load, *, max_tokens: int | None = None,
+                 chat: bool = False, progress: bool = True) -> tuple[list[RequestResult], float, str]:
+    """Returns (results, wall seconds of the whole phase, the model name used)."""
+    return asyncio.run(_run(endpoint, items, sampling, load, max_tokens, chat, progress))
+
+
+async def _run(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingParams, load: Load, max_tokens: int | None, chat: bool,
+               progress: bool) -> tuple[list[RequestResult], float, str]:
+    from openai import AsyncOpenAI
+    from tqdm import tqdm
+
+    client = AsyncOpenAI(base_url=normalise_url(endpoint.url), api_key=endpoint.api_key or "none", timeout=load.request_timeout_s, max_retries=0)
+    try:
+        model = endpoint.model or await discover_model(client, endpoint.url)
+        total = load.requests or len(items)
+        semaphore = asyncio.Semaphore(load.concurrency)
+        results: list[RequestResult | None] = [None] * total
+        start = time.perf_counter()
+        deadline = start + load.time_limit_s if load.time_limit_s else None
+        bar = tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", desc=endpoint.name, dynamic_ncols=True)
+
+        async def one(i: int) -> None:
+            async with semaphore:
+                if deadline is not None and time.perf_counter() > deadline:
+                    return  # over the time limit: not started, not counted
+                item = items[i % len(items)]
+                repeat = i // len(items)
+                try:
+                    r = await asyncio.wait_for(
+                        _request(client, model, item, request_sampling(sampling, i % len(items), repeat), item.max_tokens_under(max_tokens), chat),
+                        timeout=load.request_timeout_s,
+                    )
+                except Exception as e:  # one failed request is a result, not the end of the run
+                    r = RequestResult(item.id, item.category, endpoint.name, RequestStats(finish_reason="error"), "", None,
+                                      error=f"{type(e).__name__}: {e}"[:300])
+                r.config, r.repeat, r.order = endpoint.name, repeat, i
+                results[i] = r
+                bar.update(1)
+
+        with bar:
+            await asyncio.gather(*(one(i) for i in range(total)))
+        wall = time.perf_counter() - start
+    finally:
+        await client.close()
+    return [r for r in results if r is not None], wall, model
+
+
+async def discover_model(client: Any, url: str) -> str:
+    try:
+        models = await client.models.list()
+        first = models.data[0].id if models.data else None
+    except Exception as e:
+        raise ConfigError(f"could not list the models of {url} ({type(e).__name__}: {e}); pass --model NAME") from None
+    if first is None:
+        raise ConfigError(f"{url} lists no models; pass --model NAME")
+    return first
+
+
+async def _request(client: Any, model: str, item: WorkItem, sampling: SamplingParams, max_tokens: int, chat: bool) -> RequestResult:
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if not sampling.greedy:
+        kwargs["seed"] = sampling.seed
+    extra = {k: v for k, v in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if v}
+    if extra:
+        kwargs["extra_body"] = extra
+    use_chat = item.messages is not None or chat
+    t0 = time.perf_counter()
+    if use_chat:
+        stream = await client.chat.completions.create(messages=item.chat_messages(), **kwargs)
+    else:
+        stream = await client.completions.create(prompt=item.prompt, **kwargs)
+    pieces: list[str] = []
+    ttft = None
+    usage = None
+    finish = None
+    async for chunk in stream:
+        if getattr(chunk, "usage", None) is not None:
+            usage = chunk.usage
+        for choice in chunk.choices or ():
+            piece = (choice.delta.content if use_chat else choice.text) or ""
+            if piece:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                pieces.append(piece)
+            finish = choice.finish_reason or finish
+    total = time.perf_counter() - t0
+    counted = getattr(usage, "completion_tokens", None) if usage is not None else None
+    stats = RequestStats(
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        output_tokens=int(counted) if counted is not None else len(pieces),
+        ttft_s=ttft,
+        total_s=total,
+        finish_reason=finish,
+    )
+    return RequestResult(item.id, item.category, "", stats, "".join(pieces), None, token_count_source="usage" if counted is not None else "chunks")

@@ -1,0 +1,115 @@
+"""What a result file needs to be reproduced: models and their hashes, packages, machine, config, seeds, commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("spekula", "torch", "transformers", "numpy", "scipy", "safetensors", "tokenizers", "openai", "httpx", "tqdm", "matplotlib", "psutil")
+
+
+def model_identity(name: str, role: str) -> dict[str, Any]:
+    """Name, SHA-256 and where the weights lie, for a catalogue name or a path. Never raises."""
+    info: dict[str, Any] = {"role": role, "name": name, "sha256": None, "path": None}
+    try:
+        from spekula.models import resolve
+
+        resolved = resolve(name)
+        info.update(name=resolved.name, sha256=resolved.sha256, path=str(resolved.hf_dir))
+        if resolved.sha256 is None:  # a user's Hugging Face directory: hash its weight files
+            info["sha256"] = weights_sha256(Path(resolved.hf_dir))
+            info["sha256_of"] = "weight files (*.safetensors / *.bin, sorted by name)"
+        else:
+            info["sha256_of"] = "GGUF file"
+    except Exception as e:  # the manifest describes; it must not stop a finished run
+        info["error"] = f"{type(e).__name__}: {e}"[:200]
+    return info
+
+
+def weights_sha256(folder: Path) -> str | None:
+    import hashlib
+
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for p in files:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores_logical": os.cpu_count(),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "gpu": None,
+    }
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        pass
+    return info
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def packages() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> dict[str, Any]:
+    """The commit of the checkout spekula runs from (read-only git commands); None when not a checkout."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None}
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None}
+
+
+def manifest(*, models: list[dict[str, Any]], config: dict[str, Any], seeds: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "models": models,
+        "packages": packages(),
+        "machine": machine(),
+        "config": config,
+        "seeds": seeds,
+        "git": git_commit(),
+    }

@@ -1,0 +1,324 @@
+"""Reports from one result dict: a Markdown summary, PNG plots, and a self-contained HTML page.
+
+The result dict (what `spekula bench` writes as JSON) holds everything: the manifest, the
+configurations (the first one is the baseline), summaries per configuration and category, every
+request, and optionally one output rendered token by token. Nothing here measures or re-derives a
+number: it formats what spekula.bench.metrics computed.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+PLOT_TITLES = {
+    "speedup_per_category": "Speedup over plain decoding, per category (median, bars: p10-p90)",
+    "acceptance_by_position": "Acceptance rate by draft position",
+    "tau_distribution": "Distribution of tau (tokens per target pass), per request",
+    "speedup_vs_k": "Speedup against k (median, bars: p10-p90)",
+}
+KIND_COLOURS = {"accepted": "#b7e4c7", "recovered": "#ffd6a5", "bonus": "#a0c4ff", "plain": "#e9ecef"}
+KIND_WORDS = {
+    "accepted": "drafted and accepted",
+    "recovered": "target: recovered token after a rejection",
+    "bonus": "target: bonus token after a fully accepted draft",
+    "plain": "target: plain step (nothing drafted)",
+}
+
+
+# -- Markdown ---------------------------------------------------------------------------------------
+
+def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level: int = 2) -> str:
+    """The summary printed on stdout; `images`: plot name -> path to link (docs); `level`: of the
+    top heading (3 when it goes under a section of a larger document)."""
+    h1, h2 = "#" * level, "#" * (level + 1)
+    configs = [c["name"] for c in result["configs"]]
+    baseline = result["baseline"]
+    spec = [c for c in configs if c != baseline]
+    s = result["summary"]
+    w = result["workload"]
+    samp = result["sampling"]
+    mode = "greedy" if samp["temperature"] == 0 else f"temperature {samp['temperature']}, top-p {samp['top_p']}, top-k {samp['top_k']}, min-p {samp['min_p']}"
+    lines = [
+        f"{h1} spekula bench: {result['target']}",
+        "",
+        f"{w['prompts']} prompts ({w['name']}; {len(w['categories'])} categories) x {len(configs)} configurations, {mode}, "
+        f"max_tokens <= {result['max_tokens'] if result.get('max_tokens') else 'per prompt'}, {result.get('repeats', 1)} repeat(s); "
+        f"baseline: {baseline}.",
+        "",
+        "| configuration | tok/s | speedup median [p10, p90] | α | τ | TTFT p50 (s) | TPOT p50 (ms) | latency p50 / p90 / p99 (s) | wasted drafts | identical to baseline | CPU-s / 1k tok | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in configs:
+        o = s[name]["overall"]
+        sp = o["speedup"]
+        lines.append(
+            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_f(o['alpha'])} | {_f(o['tau'])} | "
+            f"{_f(o['ttft_s']['p50'])} | {_f(_ms(o['tpot_s']['p50']))} | "
+            f"{_f(o['latency_s']['p50'])} / {_f(o['latency_s']['p90'])} / {_f(o['latency_s']['p99'])} | "
+            f"{_wasted(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | {_mib(o['peak_rss_bytes'])} |"
+        )
+    if spec:
+        cats = w["categories"]
+        lines += ["", f"{h2} Speedup per category (median per-prompt speedup; α)", "",
+                  "| category | " + " | ".join(spec) + " |", "|---|" + "---|" * len(spec)]
+        for cat in cats:
+            cells = []
+            for name in spec:
+                c = s[name]["categories"].get(cat)
+                cells.append("n/a" if c is None else f"{_f(c['speedup']['median'])}x (α {_f(c['alpha'])})")
+            lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+        depth = max((len(s[n]["overall"]["acceptance_by_position"]) for n in spec), default=0)
+        if depth:
+            lines += ["", f"{h2} Acceptance by draft position", "",
+                      "| configuration | " + " | ".join(str(i + 1) for i in range(depth)) + " |", "|---|" + "---|" * depth]
+            for name in spec:
+                acc = s[name]["overall"]["acceptance_by_position"]
+                lines.append(f"| {name} | " + " | ".join(_f(acc[i]) if i < len(acc) else "" for i in range(depth)) + " |")
+    for name, path in (images or {}).items():
+        lines += ["", f"![{PLOT_TITLES.get(name, name)}]({path})"]
+    return "\n".join(lines) + "\n"
+
+
+def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
+    """The one JSON object scripts read from the last line of stdout."""
+    configs = {}
+    for c in result["configs"]:
+        o = result["summary"][c["name"]]["overall"]
+        configs[c["name"]] = {
+            "tokens_per_s": o["throughput_tokens_per_s"],
+            "speedup_median": o["speedup"]["median"],
+            "alpha": o["alpha"],
+            "tau": o["tau"],
+            "identical": o["identical_to_plain"],
+            "compared": o["compared_to_plain"],
+            "errors": o["errors"],
+        }
+    return json.dumps({"kind": result["kind"], "mode": result["mode"], "baseline": result["baseline"], "configs": configs, **paths})
+
+
+# -- plots ----------------------------------------------------------------------------------------
+
+def plots(result: dict[str, Any]) -> dict[str, bytes]:
+    """PNG bytes per plot name; plots without data (e.g. acceptance for endpoints) are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    baseline = result["baseline"]
+    spec = [c for c in result["configs"] if c["name"] != baseline]
+    s = result["summary"]
+    out: dict[str, bytes] = {}
+    if not spec:
+        return out
+    cats = result["workload"]["categories"]
+
+    if any(s[c["name"]]["overall"]["speedup"]["n"] for c in spec):
+        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cats) + 2), 4))
+        width = 0.8 / len(spec)
+        for j, c in enumerate(spec):
+            med, lo, hi = [], [], []
+            for cat in cats:
+                sp = s[c["name"]]["categories"].get(cat, {}).get("speedup", {})
+                m = sp.get("median")
+                med.append(m or 0.0)
+                lo.append((m - sp["p10"]) if m else 0.0)
+                hi.append((sp["p90"] - m) if m else 0.0)
+            xs = [i + (j - (len(spec) - 1) / 2) * width for i in range(len(cats))]
+            ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=c["name"])
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right")
+        ax.set_ylabel("speedup (x)")
+        ax.legend(fontsize=8)
+        out["speedup_per_category"] = _png(fig, PLOT_TITLES["speedup_per_category"])
+
+    acc = {c["name"]: s[c["name"]]["overall"]["acceptance_by_position"] for c in spec}
+    if any(acc.values()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, values in acc.items():
+            if values:
+                ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("accepted / drafted at that position")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=8)
+        out["acceptance_by_position"] = _png(fig, PLOT_TITLES["acceptance_by_position"])
+
+    taus = {c["name"]: s[c["name"]]["overall"]["tau_per_request"] for c in spec}
+    if any(taus.values()):
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(taus) + 2), 4))
+        names = [n for n, v in taus.items() if v]
+        ax.boxplot([taus[n] for n in names], showmeans=True)
+        for i, n in enumerate(names, 1):
+            ax.scatter([i] * len(taus[n]), taus[n], s=8, alpha=0.5, color="grey")
+        ax.set_xticks(range(1, len(names) + 1), names, rotation=15, ha="right")
+        ax.set_ylabel("tau per request")
+        out["tau_distribution"] = _png(fig, PLOT_TITLES["tau_distribution"])
+
+    by_proposer: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for c in spec:
+        if isinstance(c.get("k"), int) and s[c["name"]]["overall"]["speedup"]["n"]:  # k = auto has no place on the axis
+            by_proposer.setdefault(c.get("draft", c["name"]), []).append((c["k"], s[c["name"]]["overall"]["speedup"]))
+    if by_proposer:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for proposer, points in by_proposer.items():
+            points.sort(key=lambda p: p[0])
+            ks = [k for k, _ in points]
+            med = [sp["median"] for _, sp in points]
+            ax.errorbar(ks, med, yerr=[[m - sp["p10"] for m, (_, sp) in zip(med, points)], [sp["p90"] - m for m, (_, sp) in zip(med, points)]],
+                        marker="o", capsize=3, label=proposer)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("k (tokens drafted per step)")
+        ax.set_ylabel("speedup (x)")
+        ax.legend(fontsize=8)
+        out["speedup_vs_k"] = _png(fig, PLOT_TITLES["speedup_vs_k"])
+    return out
+
+
+def _png(fig: Any, title: str) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_plots(pngs: dict[str, bytes], folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, data in pngs.items():
+        path = folder / f"{name}.png"
+        path.write_bytes(data)
+        paths[name] = path
+    return paths
+
+
+# -- HTML -----------------------------------------------------------------------------------------
+
+def html_report(result: dict[str, Any], pngs: dict[str, bytes]) -> str:
+    """One file, no external resources: tables, plots as data: URIs, the rendered output, the manifest."""
+    body = [_md_tables_to_html(markdown(result))]
+    for name, data in pngs.items():
+        b64 = base64.b64encode(data).decode("ascii")
+        body.append(f'<figure><img alt="{html.escape(PLOT_TITLES.get(name, name))}" src="data:image/png;base64,{b64}"><figcaption>{html.escape(PLOT_TITLES.get(name, name))}</figcaption></figure>')
+    render = result.get("render")
+    if render and render.get("tokens"):
+        body.append(render_html(render))
+    body.append(requests_html(result))
+    errors = [r for r in result["requests"] if r.get("error")]
+    if errors:
+        body.append("<h3>Failed requests</h3><ul>" + "".join(f"<li>{html.escape(r['config'])} / {html.escape(r['prompt_id'])}: {html.escape(r['error'])}</li>" for r in errors[:50]) + "</ul>")
+    body.append("<details><summary>Manifest (models, packages, machine, configuration, seeds, commit)</summary><pre>"
+                + html.escape(json.dumps(result["manifest"], indent=2)) + "</pre></details>")
+    title = f"spekula bench: {html.escape(str(result['target']))}"
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
+.tokens {{ white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.6; border: 1px solid #ddd; padding: 1em; }}
+.tok {{ border-radius: 2px; }}
+{''.join(f'.{k} {{ background: {v}; }} ' for k, v in KIND_COLOURS.items())}
+.legend span {{ padding: 0.1em 0.5em; margin-right: 0.5em; }}
+</style></head><body>
+{''.join(body)}
+</body></html>
+"""
+
+
+def requests_html(result: dict[str, Any]) -> str:
+    """Every request, one row each, in the order they ran."""
+    head = ["#", "prompt", "category", "configuration", "tokens", "tok/s", "speedup", "α", "τ", "TTFT (s)", "TPOT (ms)", "identical", "finish"]
+    rows = []
+    for r in sorted(result["requests"], key=lambda r: (r["repeat"], r["order"])):
+        st = r["stats"]
+        ident = "" if r["identical"] is None else ("yes" if r["identical"] else "NO")
+        cells = [r["order"], r["prompt_id"], r["category"], r["config"], st["output_tokens"], _f(r["tokens_per_s"]),
+                 _f(r["speedup"]), _f(st.get("alpha")), _f(st.get("tau")), _f(r["ttft_s"]), _f(_ms(r["tpot_s"])), ident,
+                 r["error"] or st.get("finish_reason") or ""]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return (f"<details><summary>Every request ({len(rows)})</summary><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join(rows) + "</table></details>")
+
+
+def render_html(render: dict[str, Any]) -> str:
+    tokens = render["tokens"]
+    counts = {k: sum(1 for t in tokens if t["kind"] == k) for k in KIND_COLOURS}
+    legend = "".join(f'<span class="{k}">{html.escape(KIND_WORDS[k])}: {counts[k]}</span>' for k in KIND_COLOURS if counts[k])
+    spans = []
+    for t in tokens:
+        tip = f"{KIND_WORDS[t['kind']]}; token {t['token']}; p={t['p']:.3f}" + (f", q={t['q']:.3f}" if t.get("q") is not None else "")
+        spans.append(f'<span class="tok {t["kind"]}" title="{html.escape(tip)}">{html.escape(t["text"])}</span>')
+    return (f"<h3>One output, token by token: {html.escape(render['config'])} on {html.escape(render['prompt_id'])}</h3>"
+            f"<p>{html.escape(render.get('why', ''))}</p>"
+            + (f"<details><summary>prompt</summary><pre class=\"tokens\">{html.escape(render['prompt'])}</pre></details>" if render.get("prompt") else "")
+            + f"<p class=\"legend\">{legend}</p><div class=\"tokens\">{''.join(spans)}</div>")
+
+
+def _md_tables_to_html(md: str) -> str:
+    """The Markdown summary as HTML (headings, paragraphs and pipe tables are all it uses)."""
+    out: list[str] = []
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if table:
+            head, rows = table[0], table[2:]
+            out.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+            table.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            table.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        flush()
+        if line.startswith("#"):
+            depth = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{depth}>{html.escape(line[depth:].strip())}</h{depth}>")
+        elif line.strip() and not line.startswith("!["):
+            out.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    return "\n".join(out)
+
+
+def _f(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1000 * x
+
+
+def _mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.0f}"
+
+
+def _speedup(sp: dict[str, Any]) -> str:
+    if not sp.get("n"):
+        return "n/a"
+    return f"{_f(sp['median'])}x [{_f(sp['p10'])}, {_f(sp['p90'])}]"
+
+
+def _wasted(o: dict[str, Any]) -> str:
+    if not o["drafted"]:
+        return "0"
+    return f"{o['wasted_drafted']} ({100 * o['wasted_fraction']:.0f}%)"
+
+
+def _identical(o: dict[str, Any]) -> str:
+    if o["compared_to_plain"] is None:
+        return "n/a"
+    return f"{o['identical_to_plain']}/{o['compared_to_plain']}"

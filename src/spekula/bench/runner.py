@@ -1,0 +1,306 @@
+"""The in-process runner: plain decoding and speculative configurations over a workload, one loaded target.
+
+Every configuration is a spekula.pipeline.Pipeline over the SAME target backend and text codec, so
+tokenizing, detokenizing, stop handling and the engine loop are the code `spekula generate` runs;
+plain decoding is the pipeline's `plain=True` path (k = 0 through the same loop). Each prompt runs
+under every configuration before the next prompt starts, and the order of configurations rotates
+from prompt to prompt, so drift of the machine (thermal, other processes) hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from spekula.backends.base import Backend
+from spekula.bench.metrics import RequestResult, attach_comparisons
+from spekula.bench.workloads import WorkItem
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.engine import Engine
+from spekula.errors import ConfigError, SpekulaError
+from spekula.pipeline import Pipeline
+from spekula.proposers import NGRAM, NONE, build_proposer
+from spekula.text import IncrementalDetokenizer
+from spekula.trace import ListTrace
+
+PLAIN = "plain"
+SPEC_KEYS = ("draft", "k", "ngram_max", "ngram_min", "name")
+
+
+@dataclass(frozen=True)
+class SpecChoice:
+    """One configuration as a user writes it: a proposer ('ngram', a draft model, 'none') and k."""
+
+    draft: str
+    k: int | None  # None = auto: the cost-model controller chooses k step by step
+    ngram_max: int = 4
+    ngram_min: int = 1
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        SpecConfig(k=self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min)  # validates
+
+    @property
+    def plain(self) -> bool:
+        return self.draft == NONE or self.k == 0
+
+    @property
+    def k_text(self) -> str:
+        return "auto" if self.k is None else str(self.k)
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        if self.plain:
+            return PLAIN
+        short = self.draft.rstrip("/").rsplit("/", 1)[-1]
+        extra = f" n={self.ngram_min}-{self.ngram_max}" if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (1, 4) else ""
+        return f"{short} k={self.k_text}{extra}"
+
+    def spec_config(self) -> SpecConfig:
+        return SpecConfig(k=0 if self.plain else self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "draft": NONE if self.plain else self.draft, "k": 0 if self.plain else ("auto" if self.k is None else self.k),
+                "ngram_max": self.ngram_max, "ngram_min": self.ngram_min}
+
+
+PLAIN_CHOICE = SpecChoice(NONE, 0)
+
+
+def parse_k(text: str) -> int | None:
+    if text.strip() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"k must be an integer >= 0 or 'auto', got {text!r}") from None
+
+
+def parse_spec(text: str, default_draft: str, default_k: int | None, ngram_max: int = 4, ngram_min: int = 1) -> list[SpecChoice]:
+    """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
+    lets the cost model choose).
+
+    Keys not given take the command's --draft / --k / --ngram-max / --ngram-min."""
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in SPEC_KEYS or not value.strip():
+            raise ConfigError(f"bad --spec {text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)} (e.g. draft=ngram,k=4/8)")
+        if key in fields:
+            raise ConfigError(f"bad --spec {text!r}: {key} given twice")
+        fields[key] = value.strip()
+    draft = fields.get("draft", default_draft)
+    ks = fields.get("k", "auto" if default_k is None else str(default_k))
+    k_values = [parse_k(v) for v in ks.split("/")]
+    try:
+        nmax = int(fields.get("ngram_max", ngram_max))
+        nmin = int(fields.get("ngram_min", ngram_min))
+    except ValueError:
+        raise ConfigError(f"bad --spec {text!r}: ngram_max and ngram_min take integers") from None
+    label = fields.get("name")
+    choices = []
+    for k in k_values:
+        name = label if label is None or len(k_values) == 1 else f"{label} k={'auto' if k is None else k}"
+        choices.append(SpecChoice(draft, k, nmax, nmin, name))
+    return choices
+
+
+@dataclass
+class Contender:
+    """One configuration ready to run: a pipeline over the shared target, plain or speculative."""
+
+    choice: SpecChoice
+    pipeline: Pipeline
+
+    @property
+    def name(self) -> str:
+        return self.choice.name
+
+    @property
+    def plain(self) -> bool:
+        return self.choice.plain
+
+    @property
+    def engine(self) -> Engine:
+        """The token-level engine this configuration runs (audit works below the text layer)."""
+        return self.pipeline.plain_engine if self.plain else self.pipeline.engine
+
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig, recorder=None):
+        return self.pipeline.start(prompt_ids, sampling, stop, recorder=recorder, plain=self.plain)
+
+
+def build_contenders(target: Backend, codec: Any, choices: list[SpecChoice], load_draft: Callable[[str], Backend] | None) -> list[Contender]:
+    """Plain decoding first, then every speculative choice (duplicates by name refused)."""
+    out = [Contender(PLAIN_CHOICE, Pipeline(target, codec, None, PLAIN_CHOICE.spec_config(), draft_name=NONE))]
+    for choice in choices:
+        if choice.plain:
+            continue  # plain decoding is always measured, once
+        if any(c.name == choice.name for c in out):
+            raise ConfigError(f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name=")
+        spec = choice.spec_config()
+        proposer = build_proposer(choice.draft, spec, target=target, load_draft=load_draft)
+        pipe = Pipeline(target, codec, proposer, spec, draft_name=choice.draft)
+        if spec.k is None:
+            pipe.engine.calibrate()  # as Pipeline.load does: no measured request pays for it
+        out.append(Contender(choice, pipe))
+    return out
+
+
+class DraftLoader:
+    """Loads each draft model once (the target counts as loaded) and refuses a different vocabulary,
+    as Pipeline.load does."""
+
+    def __init__(self, target_name: str, target: Backend, codec: Any, config: BackendConfig, log: Callable[[str], None] = lambda m: None) -> None:
+        self.codec = codec
+        self.config = config
+        self.log = log
+        self.target_name = target_name
+        self.loaded: dict[str, Backend] = {target_name: target}
+
+    def __call__(self, name: str) -> Backend:
+        if name not in self.loaded:
+            from spekula.pipeline import load_model
+
+            self.log(f"loading draft {name} ({self.config.dtype}) ...")
+            backend, codec = load_model(name, self.config)
+            if codec.vocabulary_fingerprint() != self.codec.vocabulary_fingerprint():
+                raise ConfigError(
+                    f"draft {name!r} and target {self.target_name!r} have different vocabularies (their tokenizers map text "
+                    "to different ids); choose a draft of the same family, or draft=ngram"
+                )
+            self.loaded[name] = backend
+        return self.loaded[name]
+
+
+class PeakRss:
+    """Peak resident memory of this process, sampled by a background thread (psutil) every `interval`
+    seconds between reset() and peak(). Cheap enough not to disturb the timings (~20 µs a sample)."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.interval = interval
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="spekula-rss", daemon=True)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._peak = max(self._peak, self.current())
+
+    def current(self) -> int:
+        return int(self.process.memory_info().rss)
+
+    def reset(self) -> None:
+        self._peak = self.current()
+
+    def peak(self) -> int:
+        return max(self._peak, self.current())
+
+
+def request_sampling(sampling: SamplingParams, index: int, repeat: int) -> SamplingParams:
+    """Seed of one prompt's request: base seed (0 when none given) + prompt index + 10007 * repeat.
+    Every configuration gets the same seed for the same prompt."""
+    base = sampling.seed if sampling.seed is not None else 0
+    return replace(sampling, seed=base + index + 10007 * repeat)
+
+
+def encode_items(items: list[WorkItem], codec: Any, chat: bool) -> dict[str, list[int]]:
+    out = {}
+    for item in items:
+        try:
+            out[item.id] = item.encode(codec, chat=chat)
+        except SpekulaError as e:
+            raise ConfigError(f"prompt {item.id!r}: {e}") from None
+    return out
+
+
+def run_inprocess(
+    contenders: list[Contender],
+    codec: Any,
+    items: list[WorkItem],
+    sampling: SamplingParams = SamplingParams(),
+    *,
+    max_tokens: int | None = None,
+    ignore_eos: bool = False,
+    chat: bool = False,
+    repeats: int = 1,
+    warmup: bool = True,
+    progress: bool = True,
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> list[RequestResult]:
+    """Every prompt under every contender, interleaved; speedup and identity attached against plain."""
+    from tqdm import tqdm
+
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    ids = encode_items(items, codec, chat)
+    if warmup:  # one-off costs (allocator, thread pool, lazy imports) must hit no measurement
+        first = ids[items[0].id][-16:]  # a short prompt: a long prefill would warm nothing more
+        for c in contenders:
+            c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True)).result()
+    results: list[RequestResult] = []
+    bar = tqdm(total=len(items) * len(contenders) * repeats, file=sys.stderr, disable=not progress, unit="req", dynamic_ncols=True)
+    with PeakRss() as rss, bar:
+        for repeat in range(repeats):
+            for index, item in enumerate(items):
+                shift = (index + repeat) % len(contenders)
+                for c in contenders[shift:] + contenders[:shift]:
+                    bar.set_postfix_str(f"{item.id} / {c.name}", refresh=False)
+                    sampling_i = request_sampling(sampling, index, repeat)
+                    stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
+                    r = measure(c, item, ids[item.id], sampling_i, stop, rss)
+                    r.repeat, r.order = repeat, len(results)
+                    results.append(r)
+                    if on_result is not None:
+                        on_result(r)
+                    bar.update(1)
+    attach_comparisons(results, PLAIN, sampling.greedy)
+    return results
+
+
+def measure(c: Contender, item: WorkItem, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig, rss: PeakRss | None = None) -> RequestResult:
+    if rss is not None:
+        rss.reset()
+    cpu0 = time.process_time()
+    done = c.start(prompt_ids, sampling, stop).result()
+    cpu = time.process_time() - cpu0
+    return RequestResult(
+        prompt_id=item.id, category=item.category, config=c.name, stats=done.stats, text=done.text,
+        token_ids=list(done.token_ids), cpu_s=cpu, peak_rss_bytes=rss.peak() if rss is not None else None,
+    )
+
+
+def render_tokens(c: Contender, codec: Any, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig) -> list[dict[str, Any]]:
+    """Run once more with a step trace (untimed) and return the output token by token, each with its
+    kind: 'accepted' (drafted and kept), or 'recovered' / 'bonus' / 'plain' (made by the target)."""
+    trace = ListTrace()
+    done = c.start(prompt_ids, sampling, stop, recorder=trace).result()
+    detok = IncrementalDetokenizer(codec, prompt_ids)
+    tokens: list[dict[str, Any]] = []
+    for step in trace.steps:
+        kinds = ["accepted"] * step.accepted + [step.next_kind]
+        probs = [(d.p, d.q) for d in step.drafted[: step.accepted]] + [(step.next_p, None)]
+        for token, kind, (p, q) in zip(step.emitted, kinds, probs):
+            tokens.append({"token": token, "text": detok.feed([token]), "kind": kind, "step": step.step, "p": p, "q": q})
+    if tokens:
+        tokens[-1]["text"] += detok.flush()
+    if [t["token"] for t in tokens] != done.token_ids:  # a stop string cut the text: keep what was emitted
+        tokens = tokens[: len(done.token_ids)]
+    return tokens

@@ -1,0 +1,101 @@
+"""`spekula tune`: measure proposers x k on a sample of the workload, recommend the fastest, or plain decoding.
+
+The sweep is a bench run (same runner, same numbers); the recommendation is the configuration with
+the highest measured throughput (output tokens / time over the sample), kept only if it beats plain
+decoding by at least `min_speedup` (default 1.05): a tie is not worth a draft model's memory, and a
+few percent is within the noise of a short sample.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice
+from spekula.config import SamplingParams
+
+# The keys `spekula generate --config FILE` reads: generate's option names with underscores.
+CONFIG_KEYS = ("target", "draft", "k", "dtype", "temperature", "top_p", "top_k", "min_p", "ngram_max", "ngram_min")
+
+
+def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, Any]]:
+    """One row per configuration, plain first, then by throughput (fastest first)."""
+    plain_tps = summary[PLAIN]["overall"]["throughput_tokens_per_s"]
+    rows = []
+    for c in [PLAIN_CHOICE] + [c for c in choices if not c.plain]:
+        o = summary[c.name]["overall"]
+        tps = o["throughput_tokens_per_s"]
+        rows.append({
+            **c.to_dict(),
+            "tokens_per_s": tps,
+            "throughput_ratio": tps / plain_tps if tps and plain_tps else None,
+            "speedup_median": o["speedup"]["median"],
+            "speedup_p10": o["speedup"]["p10"],
+            "speedup_p90": o["speedup"]["p90"],
+            "alpha": o["alpha"],
+            "tau": o["tau"],
+            "identical": o["identical_to_plain"],
+            "compared": o["compared_to_plain"],
+        })
+    rows[1:] = sorted(rows[1:], key=lambda r: -(r["tokens_per_s"] or 0.0))
+    return rows
+
+
+def recommend(rows: list[dict[str, Any]], choices: list[SpecChoice], min_speedup: float) -> tuple[SpecChoice, str]:
+    plain = rows[0]
+    spec = [r for r in rows[1:] if r["tokens_per_s"]]
+    if not spec:
+        return PLAIN_CHOICE, "no speculative configuration produced a measurement; plain decoding"
+    best = spec[0]
+    ratio = best["throughput_ratio"] or 0.0
+    if ratio < min_speedup:
+        return PLAIN_CHOICE, (
+            f"plain decoding: the fastest speculative configuration, {best['name']}, reached {ratio:.2f}x plain decoding's "
+            f"throughput ({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), below the required {min_speedup:.2f}x"
+        )
+    choice = next(c for c in choices if c.name == best["name"])
+    return choice, (
+        f"{best['name']}: {ratio:.2f}x plain decoding's throughput ({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), "
+        f"median per-prompt speedup {best['speedup_median']:.2f}x, α {_f(best['alpha'])}, τ {_f(best['tau'])}"
+    )
+
+
+def tuned_config(choice: SpecChoice, target: str, dtype: str, sampling: SamplingParams) -> dict[str, Any]:
+    """The JSON object `spekula generate --config FILE` accepts."""
+    d = choice.to_dict()
+    return {
+        "target": target,
+        "draft": d["draft"],
+        "k": d["k"],
+        "dtype": dtype,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "ngram_max": d["ngram_max"],
+        "ngram_min": d["ngram_min"],
+    }
+
+
+def write_config(config: dict[str, Any], path: Path) -> None:
+    assert tuple(config) == CONFIG_KEYS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def format_table(rows: list[dict[str, Any]], recommended: str) -> str:
+    head = "| configuration | tok/s | vs plain | speedup median [p10, p90] | α | τ | identical |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = " (recommended)" if r["name"] == recommended else ""
+        ident = "n/a" if r["compared"] is None else f"{r['identical']}/{r['compared']}"
+        lines.append(
+            f"| {r['name']}{mark} | {_f(r['tokens_per_s'])} | {_f(r['throughput_ratio'])}x | "
+            f"{_f(r['speedup_median'])}x [{_f(r['speedup_p10'])}, {_f(r['speedup_p90'])}] | {_f(r['alpha'])} | {_f(r['tau'])} | {ident} |"
+        )
+    return "\n".join(lines)
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
