@@ -11,7 +11,7 @@ MODELS := smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 $(STAMP): pyproject.toml requirements/base.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/base.txt
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet --disable-pip-version-check -r requirements/base.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 

@@ -27,7 +27,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
     p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
+    p.add_argument("--backend", default="transformers", help="how the target runs: transformers | native | llamacpp")
+    p.add_argument("--draft-backend", default=None, help="how the draft model runs (default: like --backend)")
     p.add_argument("--config", metavar="FILE", default=None, help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win")
 
 
@@ -48,7 +50,13 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def backend_from_args(args: argparse.Namespace) -> BackendConfig:
-    return BackendConfig(dtype=args.dtype, threads=args.threads)
+    return BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.backend)
+
+
+def draft_backend_from_args(args: argparse.Namespace) -> BackendConfig:
+    runtime = args.draft_backend or args.backend
+    dtype = "float32" if runtime == "llamacpp" else args.dtype
+    return BackendConfig(dtype=dtype, threads=args.threads, runtime=runtime)
 
 
 def _k_value(text: str) -> int | None:
@@ -88,7 +96,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else (args.prompt or DEFAULT_PROMPT)
     chat = args.chat or args.prompt is None  # the built-in prompt is an instruction
     _log(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
-    pipe = Pipeline.load(args.target, args.draft, spec, backend)
+    pipe = Pipeline.load(args.target, args.draft, spec, backend, draft_backend_from_args(args))
     prompt_ids = pipe.codec.encode(prompt, chat=chat)
     if args.compare:
         pipe.warmup()

@@ -99,6 +99,7 @@ class BackendConfig:
 
     dtype: str = "float32"
     threads: int | None = None  # None = leave torch's default
+    runtime: str = "transformers"  # a name in spekula.backends.BACKENDS: transformers | native | llamacpp
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -106,20 +106,25 @@ class Pipeline:
         draft: str | None = DEFAULT_DRAFT,
         spec: SpecConfig = SpecConfig(),
         backend: BackendConfig = BackendConfig(),
+        draft_backend: BackendConfig | None = None,
     ) -> "Pipeline":
+        """draft_backend: how the draft runs (default: like the target). Mixed pairs are fine: the
+        guarantee rests on the target's probabilities only, so a quantised llama.cpp draft may serve
+        a bf16 PyTorch target as long as the vocabulary is the same."""
+        draft_backend = draft_backend or backend
         target_backend, codec = load_model(target, backend)
-        loaded = {target: (target_backend, codec)}
+        loaded = {(target, backend): (target_backend, codec)}
 
         def load_draft(name: str) -> Backend:
-            if name not in loaded:
-                loaded[name] = load_model(name, backend)
-            draft_backend, draft_codec = loaded[name]
+            if (name, draft_backend) not in loaded:
+                loaded[(name, draft_backend)] = load_model(name, draft_backend)
+            draft, draft_codec = loaded[(name, draft_backend)]
             if draft_codec.vocabulary_fingerprint() != codec.vocabulary_fingerprint():
                 raise ConfigError(
                     f"draft {name!r} and target {target!r} have different vocabularies (their tokenizers map text to "
                     "different ids); choose a draft of the same family, or --draft ngram"
                 )
-            return draft_backend
+            return draft
 
         proposer = build_proposer(draft, spec, target=target_backend, load_draft=load_draft)
         pipe = cls(target_backend, codec, proposer, spec, draft_name=draft or "none")
@@ -153,7 +158,7 @@ def load_model(name_or_path: str, config: BackendConfig) -> tuple[Backend, TextC
     from spekula.models import resolve
 
     resolved = resolve(name_or_path)
-    backend = load_backend("transformers", resolved.hf_dir, name=resolved.name, config=config)
+    backend = load_backend(config.runtime, resolved.hf_dir, name=resolved.name, config=config, gguf_path=resolved.gguf_path)
     return backend, TextCodec.load(resolved.hf_dir)
 
 

@@ -1,4 +1,5 @@
-"""HOW a model runs. One protocol (backends.base), one module per runtime, and this registry."""
+"""HOW a model runs. One protocol (backends.base), one module per runtime, and this registry:
+the only place a runtime's name is a string."""
 
 from __future__ import annotations
 
@@ -9,22 +10,41 @@ from spekula.backends.base import Backend, Capabilities, Sequence
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 
+# runtime name -> loader(hf_dir, name, config, gguf_path)
+Loader = Callable[[Path, str, BackendConfig, "Path | None"], Backend]
 
-def _transformers(path: Path, name: str, config: BackendConfig) -> Backend:
+
+def _transformers(path: Path, name: str, config: BackendConfig, gguf_path: Path | None) -> Backend:
     from spekula.backends.hf import TransformersBackend
 
     return TransformersBackend.load(path, name=name, config=config)
 
 
-BACKENDS: dict[str, Callable[[Path, str, BackendConfig], Backend]] = {
+def _native(path: Path, name: str, config: BackendConfig, gguf_path: Path | None) -> Backend:
+    from spekula.backends.native import NativeBackend
+
+    return NativeBackend.load(path, name=name, config=config)
+
+
+def _llamacpp(path: Path, name: str, config: BackendConfig, gguf_path: Path | None) -> Backend:
+    from spekula.backends.llamacpp import LlamaCppBackend
+
+    if gguf_path is None:
+        raise ConfigError(f"the llamacpp backend runs GGUF files; {name!r} has none. Pass a catalogue name or a .gguf path")
+    return LlamaCppBackend(gguf_path, name=name, config=config)
+
+
+BACKENDS: dict[str, Loader] = {
     "transformers": _transformers,
+    "native": _native,
+    "llamacpp": _llamacpp,
 }
 
 
-def load_backend(kind: str, path: Path, name: str, config: BackendConfig = BackendConfig()) -> Backend:
+def load_backend(kind: str, path: Path, name: str, config: BackendConfig = BackendConfig(), gguf_path: Path | None = None) -> Backend:
     if kind not in BACKENDS:
         raise ConfigError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[kind](Path(path), name, config)
+    return BACKENDS[kind](Path(path), name, config, gguf_path)
 
 
 __all__ = ["Backend", "Capabilities", "Sequence", "BACKENDS", "load_backend"]

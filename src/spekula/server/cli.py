@@ -55,7 +55,7 @@ def settings_from_args(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from spekula.cli import backend_from_args, spec_from_args
+    from spekula.cli import backend_from_args, draft_backend_from_args, spec_from_args
     from spekula.pipeline import Pipeline
     from spekula.server.app import create_app
 
@@ -65,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.host not in LOOPBACK and settings.api_key is None:
         _say(f"warning: listening on {settings.host} without an API key: anyone who can reach this port can use it")
     _say(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
-    pipe = Pipeline.load(args.target, args.draft, spec_from_args(args), backend_from_args(args))
+    pipe = Pipeline.load(args.target, args.draft, spec_from_args(args), backend_from_args(args), draft_backend_from_args(args))
     host, port = sock.getsockname()[:2]
     _say(f"serving {settings.model_name or pipe.target.name} on http://{host}:{port}/v1 (Ctrl-C stops: running requests finish first)")
     config = uvicorn.Config(

@@ -1,0 +1,80 @@
+"""The llama.cpp backend: rollback, greedy equality as target, as draft, and in mixed pairs.
+
+Outputs are only ever compared within one target backend (llama.cpp and transformers may produce
+different greedy text from the same GGUF).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.engine import Engine
+from spekula.pipeline import load_model
+from spekula.proposers import DraftModelFactory, NgramFactory
+
+LLAMA = BackendConfig(runtime="llamacpp", threads=2)
+PROMPTS = ["def quicksort(arr):\n", "The three primary colours are"]
+
+
+@pytest.fixture(scope="module")
+def smol_llama():
+    return load_model("smollm2-135m", LLAMA)
+
+
+def greedy(engine, ids, n=24):
+    return engine.generate(ids, SamplingParams(), StopConfig(max_tokens=n, ignore_eos=True)).run().token_ids
+
+
+def test_rollback_gives_the_logits_of_a_fresh_prefill(smol_llama):
+    backend, codec = smol_llama
+    ids = codec.encode("def add(a, b):\n    return")
+    seq = backend.new_sequence()
+    seq.forward(ids)
+    seq.forward([11, 22, 33, 44])
+    seq.truncate(len(ids) + 1)
+    rolled = seq.forward([55, 66])
+    fresh = backend.new_sequence().forward(ids + [11, 55, 66])[-2:]
+    torch.testing.assert_close(rolled, fresh, atol=1e-3, rtol=1e-3)
+    assert rolled.shape == (2, backend.vocab_size)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_llamacpp_target_with_llamacpp_draft_and_ngram(smol_llama, k):
+    target, codec = smol_llama
+    for prompt in PROMPTS:
+        ids = codec.encode(prompt)
+        plain = greedy(Engine(target), ids)
+        assert greedy(Engine(target, DraftModelFactory(target), SpecConfig(k=k)), ids) == plain
+        assert greedy(Engine(target, NgramFactory(), SpecConfig(k=k)), ids) == plain
+
+
+def test_mixed_pairs(smol_llama, smollm2):
+    llama_backend, codec = smol_llama
+    torch_backend, _ = smollm2
+    for prompt in PROMPTS:
+        ids = codec.encode(prompt)
+        # transformers target, quantised llama.cpp draft
+        plain = greedy(Engine(torch_backend), ids)
+        assert greedy(Engine(torch_backend, DraftModelFactory(llama_backend), SpecConfig(k=4)), ids) == plain
+        # llama.cpp target, transformers draft
+        plain = greedy(Engine(llama_backend), ids)
+        assert greedy(Engine(llama_backend, DraftModelFactory(torch_backend), SpecConfig(k=4)), ids) == plain
+
+
+def test_qwen_pair_on_llamacpp():
+    target, codec = load_model("qwen2.5-coder-1.5b", LLAMA)
+    draft, _ = load_model("qwen2.5-coder-0.5b", LLAMA)
+    ids = codec.encode(PROMPTS[0])
+    plain = greedy(Engine(target), ids, 32)
+    spec = Engine(target, DraftModelFactory(draft), SpecConfig(k=4)).generate(ids, SamplingParams(), StopConfig(max_tokens=32, ignore_eos=True)).run()
+    assert spec.token_ids == plain
+    assert spec.stats.alpha > 0.3
+
+
+def test_llamacpp_refuses_a_dtype_it_cannot_honour():
+    from spekula.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="quantised types"):
+        load_model("smollm2-135m", BackendConfig(runtime="llamacpp", dtype="bfloat16"))
