@@ -34,9 +34,9 @@ from spekula.proposers import DraftModelFactory, NgramFactory
 
 PROMPTS = {
     "code/fibonacci": "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number iteratively, with type hints and a docstring.",
-    "code/csv": "Write a Python function that reads a CSV file with the csv module and returns a list of dicts, skipping empty lines.",
     "code/edit": "Add type hints to this function and return only the code:\n\ndef merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n",
     "prose/explain": "Explain in a short paragraph why the sky is blue.",
+    "code/csv": "Write a Python function that reads a CSV file with the csv module and returns a list of dicts, skipping empty lines.",
 }
 
 
@@ -48,8 +48,10 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts")
     args = ap.parse_args()
 
+    prompts = dict(list(PROMPTS.items())[: args.prompts])
     cfg = BackendConfig(dtype=args.dtype, threads=args.threads)
     target, codec = load_model(args.target, cfg)
     draft, _ = load_model(args.draft, cfg)
@@ -83,7 +85,7 @@ def main() -> int:
     engines["spekula draft k=auto"].calibrate()
 
     rows: dict[str, list[dict]] = {name: [] for name in runners}
-    for label, prompt in PROMPTS.items():
+    for label, prompt in prompts.items():
         ids = codec.encode(prompt, chat=True)
         plain_ids = None
         for name, run in runners.items():
@@ -102,8 +104,8 @@ def main() -> int:
 
     plain_tps = {r["prompt"]: r["tokens_per_s"] for r in rows["spekula plain"]}
     print(f"\n### {args.target} <- {args.draft}, {args.dtype}, {n} new tokens, greedy\n")
-    print("| configuration | " + " | ".join(PROMPTS) + " | mean tok/s | speedup vs spekula plain (median) | α | τ | identical |")
-    print("|---|" + "---|" * (len(PROMPTS) + 5))
+    print("| configuration | " + " | ".join(prompts) + " | mean tok/s | speedup vs spekula plain (median) | α | τ | identical |")
+    print("|---|" + "---|" * (len(prompts) + 5))
     summary = {}
     for name, rs in rows.items():
         speedups = [r["tokens_per_s"] / plain_tps[r["prompt"]] for r in rs]
