@@ -134,12 +134,14 @@ class AdaptiveK(Controller):
 
     costs: CostModel
     k_max: int = 8
-    probe_every: int = 8  # plain steps between probes while speculation does not pay
+    probe_every: int = 8  # plain steps before the first probe while speculation does not pay
+    max_probe_every: int = 128  # ... doubling after every probe that changes nothing
     prior_weight: float = 2.0  # pseudo-observations of the engine-wide alpha
     decay: float = 0.9  # older steps count less: acceptance drifts with the text
     _accepted: float = 0.0
     _rejected: float = 0.0
     _plain_steps: int = 0
+    _probe_gap: int = 0
 
     @property
     def alpha(self) -> float:
@@ -148,11 +150,20 @@ class AdaptiveK(Controller):
 
     def choose_k(self) -> int:
         k, self.predicted_speedup = self.costs.best_k(self.alpha, self.k_max)
-        if k == 0:
-            self._plain_steps += 1
-            if self._plain_steps % self.probe_every == 0:
-                return 1  # probe: one drafted token tells us whether acceptance came back
-        return k
+        if k > 0:
+            self._plain_steps, self._probe_gap = 0, self.probe_every
+            return k
+        if self.costs.best_k(1.0, self.k_max)[0] == 0:
+            return 0  # even perfect acceptance would not pay on this hardware: no probe can change that
+        self._probe_gap = self._probe_gap or self.probe_every
+        self._plain_steps += 1
+        if self._plain_steps < self._probe_gap:
+            return 0
+        # Probe: one drafted token tells us whether acceptance came back. Each probe costs a wider
+        # pass and a draft step, so probes that change nothing come ever less often.
+        self._plain_steps = 0
+        self._probe_gap = min(2 * self._probe_gap, self.max_probe_every)
+        return 1
 
     def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float) -> None:
         self.costs.observe_target(num_drafted + 1, score_s)

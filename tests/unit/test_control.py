@@ -56,8 +56,9 @@ def test_controller_turns_speculation_off_then_probes_and_recovers():
     assert ctl.choose_k() > 0
     for _ in range(10):  # every draft rejected at once
         ctl.observe(4, 4, 0, 0.32, 0.21)
-    ks = [ctl.choose_k() for _ in range(8)]
-    assert ks.count(0) == 6 and ks.count(1) == 2  # plain, probing every 4th step
+    ks = [ctl.choose_k() for _ in range(4 + 8 + 16)]
+    probes = [i for i, k in enumerate(ks) if k]
+    assert all(ks[i] == 1 for i in probes) and probes == [3, 11, 27]  # probes back off: after 4, 8, 16 plain steps
     for _ in range(15):  # acceptance comes back
         ctl.observe(1, 1, 1, 0.08, 0.2)
     assert ctl.choose_k() >= 3
@@ -77,6 +78,11 @@ def test_auto_k_stays_lossless_and_learns_acceptance():
             assert max(g.stats.k_chosen) >= 4 and g.stats.predicted_speedup > 1.5
         else:  # a random draft: mostly plain decoding after the first rejections
             assert plain_steps > g.stats.target_passes / 2
+
+
+def test_no_probing_where_even_perfect_acceptance_cannot_pay():
+    ctl = AdaptiveK(compute_bound(), k_max=8, probe_every=2)
+    assert [ctl.choose_k() for _ in range(50)] == [0] * 50
 
 
 def test_online_observations_refine_the_costs():
