@@ -131,7 +131,9 @@ def _summary(out: dict[str, Any]) -> str:
         f"{len(out['token_ids'])} tokens, {_fmt(s['tokens_per_s'])} tok/s, TTFT {_fmt(s['ttft_s'])} s, finish: {out['finish_reason']}",
         f"drafted {s['drafted']}, accepted {s['accepted']}, alpha {_fmt(s['alpha'])}, tau {_fmt(s['tau'])}, "
         f"target passes {s['target_passes']}",
-        "acceptance by draft position: " + " ".join(f"{a:.2f}" for a in s["acceptance_by_position"]),
+        "acceptance by draft position: " + (" ".join(f"{a:.2f}" for a in s["acceptance_by_position"]) or "n/a (nothing drafted)"),
+        "k chosen (k: steps): " + ", ".join(f"{k}: {n}" for k, n in s["k_chosen"].items())
+        + (f"; controller's predicted speedup {_fmt(s['predicted_speedup'])}x" if s.get("predicted_speedup") is not None else ""),
     ]
     if "baseline" in out:
         lines.append(
