@@ -94,7 +94,11 @@ class Generation:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats = RequestStats(prompt_tokens=len(prompt_ids))
-        self.generator = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        self.generator = torch.Generator()
+        if sampling.seed is None:
+            self.generator.seed()  # nondeterministic, without touching torch's global RNG
+        else:
+            self.generator.manual_seed(sampling.seed)
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
         self._steps = self._run()
 

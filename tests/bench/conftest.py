@@ -5,19 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from benchkit import UNSEEN, ByteCodec, write_jsonl
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from a second thread, and on a busy CI machine two threads spin
-    against each other (100x slower); restored afterwards for other test directories."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Tiny matrices gain nothing from a second thread (fixture in tests/conftest.py)."""
 
 
 @pytest.fixture

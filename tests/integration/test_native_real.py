@@ -27,14 +27,7 @@ PROMPT = "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n"
 FP32 = BackendConfig(dtype="float32")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread while these tests run: on a shared 2-core machine a second OpenMP thread that
-    waits for a busy core costs ~1 ms per op (30x slower here); the results do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def close(actual, expected):
