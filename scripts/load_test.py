@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default="smollm2-135m", help="the 'speculation on' proposer; 'off' is the same target with no draft")
     p.add_argument("--k", default="auto", help="draft length or 'auto' (default)")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--backend", default=None, help="how the target runs (default: as `spekula serve`, native)")
+    p.add_argument("--draft-backend", default=None, help="how the draft runs (default: as `spekula serve`)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=30.0, help="seconds during which clients start new requests")
@@ -227,14 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run(args.url.rstrip("/").removesuffix("/v1"), "endpoint"))
     else:
         from spekula.config import BackendConfig, SpecConfig
-        from spekula.pipeline import Pipeline
+        from spekula.pipeline import DEFAULT_RUNTIME, Pipeline, draft_backend_config
         from spekula.server.app import create_app
         from spekula.server.background import serving
         from spekula.server.settings import ServerSettings
 
         k = None if args.k == "auto" else int(args.k)
         print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr, flush=True)
-        on = Pipeline.load(args.target, args.draft, SpecConfig(k=k), BackendConfig(dtype=args.dtype, threads=args.threads))
+        target = BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.backend or DEFAULT_RUNTIME)
+        on = Pipeline.load(args.target, args.draft, SpecConfig(k=k), target, draft_backend_config(args.draft, target, args.draft_backend))
         on.warmup()
         off = Pipeline(on.target, on.codec, None, on.spec, draft_name="none")  # same weights, no proposer
         settings = ServerSettings(max_running=args.clients, max_queue=args.clients, request_timeout_s=args.request_timeout)

@@ -19,7 +19,7 @@ DEFAULT_PROMPT = (
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Target, draft, speculation and runtime options shared by every command that runs models."""
-    from spekula.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET
+    from spekula.pipeline import DEFAULT_DRAFT, DEFAULT_RUNTIME, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: catalogue name, HF directory or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"proposer: a draft model (name or path), 'ngram', or 'none' (default {DEFAULT_DRAFT})")
@@ -28,8 +28,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
-    p.add_argument("--backend", default="transformers", help="how the target runs: transformers | native | llamacpp")
-    p.add_argument("--draft-backend", default=None, help="how the draft model runs (default: like --backend)")
+    p.add_argument("--backend", default=DEFAULT_RUNTIME, help=f"how the target runs: native | transformers | llamacpp (default {DEFAULT_RUNTIME})")
+    p.add_argument(
+        "--draft-backend", default=None,
+        help="how the draft model runs (default: llamacpp for a built-in draft when the target runs in PyTorch, else like --backend)",
+    )
     p.add_argument("--config", metavar="FILE", default=None, help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win")
 
 
@@ -53,10 +56,11 @@ def backend_from_args(args: argparse.Namespace) -> BackendConfig:
     return BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.backend)
 
 
-def draft_backend_from_args(args: argparse.Namespace) -> BackendConfig:
-    runtime = args.draft_backend or args.backend
-    dtype = "float32" if runtime == "llamacpp" else args.dtype
-    return BackendConfig(dtype=dtype, threads=args.threads, runtime=runtime)
+def draft_backend_from_args(args: argparse.Namespace, draft: str | None = None) -> BackendConfig:
+    """How the draft model (default: --draft) runs."""
+    from spekula.pipeline import draft_backend_config
+
+    return draft_backend_config(draft or args.draft, backend_from_args(args), args.draft_backend)
 
 
 def _k_value(text: str) -> int | None:
@@ -98,6 +102,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _log(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
     pipe = Pipeline.load(args.target, args.draft, spec, backend, draft_backend_from_args(args))
     prompt_ids = pipe.codec.encode(prompt, chat=chat)
+    if pipe.engine.proposer is not None and not pipe.target.capabilities.block_invariant:
+        _log(f"note: the {args.backend} target computes a block of tokens with other kernels than one token, so greedy "
+             "speculative output can differ from its plain decoding where its top two logits nearly tie; "
+             "(with --backend native in fp32 the kernels differ only in float rounding)")
     if args.compare:
         pipe.warmup()
 

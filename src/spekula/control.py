@@ -28,17 +28,20 @@ class Controller(ABC):
     predicted_speedup: float | None = None  # of the last choice, vs plain decoding
 
     @abstractmethod
-    def choose_k(self) -> int: ...
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
+        """k for the next step. remaining: tokens the request may still emit (None: unknown);
+        catch_up: context tokens the draft must process before its first draft (a cold draft cache)."""
 
-    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float) -> None:
-        """Outcome of one step: what was drafted and accepted, and what the draft and the verify pass cost."""
+    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None) -> None:
+        """Outcome of one step: what was drafted and accepted, and what the draft and the verify pass
+        cost (score_s None: the pass ran inside a batch, so its time is not this request's)."""
 
 
 @dataclass
 class FixedK(Controller):
     k: int
 
-    def choose_k(self) -> int:
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
         return self.k
 
 
@@ -63,6 +66,7 @@ class CostModel:
 
     target_s: dict[int, float] = field(default_factory=dict)
     draft_s_per_token: float = 0.0
+    draft_prefill_s_per_token: float = 0.0  # a cold draft's catch-up on the context, per token
     alpha: float = 0.6
     frozen: bool = False  # ignore timing observations (given costs, e.g. from `spekula tune`, or tests)
 
@@ -105,21 +109,52 @@ class CostModel:
         rate, k = max(rates)
         return k, rate / plain
 
-    def calibrate(self, target, draft=None, k_max: int = 8, context: int = 64, repeats: int = 2) -> None:
-        """Time target passes of 1 .. k_max + 1 tokens (and one draft token) on a warm cache."""
+    def best_batch_k(self, alphas: list[float], k_max: int) -> tuple[int, float]:
+        """One k for every sequence of a batched pass: (k, predicted speedup over plain decoding).
+
+        A pass over B sequences verifies B (k + 1) rows. On a CPU wide passes turn compute-bound, so
+        the batch's own plain pass (B rows) gets cheap per token and speculation pays less as B grows:
+
+            rate(k) = sum_i E(alpha_i, k) / (T_target(B (k + 1)) + B k T_draft)    (drafts run one by one)
+
+        With one sequence this is best_k.
+        """
+        B = len(alphas)
+
+        def rate(k: int) -> float:
+            return sum(expected_tokens(a, k) for a in alphas) / (self.target_cost(B * (k + 1)) + B * k * self.draft_s_per_token)
+
+        best, k = max((rate(k), k) for k in range(k_max + 1))
+        return k, best / rate(0)
+
+    def calibrate(self, target, draft=None, k_max: int = 8, context: int = 64, repeats: int = 2, max_rows: int = 0) -> None:
+        """Time target passes of 1 .. k_max + 1 tokens (and one draft token) on a warm cache.
+
+        max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
+        then timed at powers of two up to it, once each, for best_batch_k.
+        """
+        widths = [(n, repeats) for n in range(1, k_max + 2)]
+        wide, n = [], 16
+        while max_rows > k_max + 1 and n < max_rows:
+            wide.append(n)
+            n *= 2
+        widths += [(n, 1) for n in wide + ([max_rows] if max_rows > k_max + 1 else [])]
         prefix = list(range(100, 100 + context))
         seq = target.new_sequence()
         seq.forward(prefix, num_logits=1)
-        for n in range(1, k_max + 2):
-            for _ in range(repeats):
+        for n, times in widths:
+            block = [100 + i % 1000 for i in range(n)]
+            for _ in range(times):
                 start = time.perf_counter()
-                seq.forward(prefix[:n], num_logits=n)
+                seq.forward(block, num_logits=n)
                 self.observe_target(n, time.perf_counter() - start)
                 seq.truncate(context)
         seq.release()
         if draft is not None:
             dseq = draft.new_sequence()
+            start = time.perf_counter()
             dseq.forward(prefix, num_logits=1)
+            self.draft_prefill_s_per_token = (time.perf_counter() - start) / len(prefix)
             for _ in range(repeats + 1):
                 start = time.perf_counter()
                 dseq.forward(prefix[:1], num_logits=1)
@@ -136,6 +171,7 @@ class AdaptiveK(Controller):
     k_max: int = 8
     probe_every: int = 8  # plain steps before the first probe while speculation does not pay
     max_probe_every: int = 128  # ... doubling after every probe that changes nothing
+    min_probe_gain: float = 1.2  # probe only where perfect acceptance would beat plain decoding by this much
     prior_weight: float = 2.0  # pseudo-observations of the engine-wide alpha
     decay: float = 0.9  # older steps count less: acceptance drifts with the text
     _accepted: float = 0.0
@@ -148,16 +184,24 @@ class AdaptiveK(Controller):
         prior = self.prior_weight
         return (self._accepted + prior * self.costs.alpha) / (self._accepted + self._rejected + prior)
 
-    def choose_k(self) -> int:
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
         k, self.predicted_speedup = self.costs.best_k(self.alpha, self.k_max)
+        if k > 0 and not self._pays_back(self.alpha, k, remaining, catch_up):
+            k, self.predicted_speedup = 0, 1.0
         if k > 0:
             self._plain_steps, self._probe_gap = 0, self.probe_every
             return k
-        if self.costs.best_k(1.0, self.k_max)[0] == 0:
-            return 0  # even perfect acceptance would not pay on this hardware: no probe can change that
+        if self.costs.best_k(1.0, self.k_max)[1] < self.min_probe_gain:
+            # Even perfect acceptance would (barely) not pay on this hardware: no probe can change
+            # that, and a probe has costs the per-token model leaves out (the draft catching up).
+            return 0
         self._probe_gap = self._probe_gap or self.probe_every
         self._plain_steps += 1
         if self._plain_steps < self._probe_gap:
+            return 0
+        if remaining is not None and remaining < self._probe_gap:
+            return 0  # too few tokens left to win back what a probe costs, even if acceptance came back
+        if not self._pays_back(1.0, self.costs.best_k(1.0, self.k_max)[0], remaining, catch_up):
             return 0
         # Probe: one drafted token tells us whether acceptance came back. Each probe costs a wider
         # pass and a draft step, so probes that change nothing come ever less often.
@@ -165,8 +209,18 @@ class AdaptiveK(Controller):
         self._probe_gap = min(2 * self._probe_gap, self.max_probe_every)
         return 1
 
-    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float) -> None:
-        self.costs.observe_target(num_drafted + 1, score_s)
+    def _pays_back(self, alpha: float, k: int, remaining: int | None, catch_up: int) -> bool:
+        """Would the seconds speculation saves over the remaining tokens (at this alpha and k) cover
+        the draft's catch-up prefill first? Only a cold draft has one, and only then is it asked."""
+        if not catch_up or remaining is None or k == 0:
+            return True
+        c = self.costs
+        saved_per_token = c.target_cost(1) - 1.0 / c.tokens_per_s(alpha, k)
+        return remaining * saved_per_token > catch_up * c.draft_prefill_s_per_token
+
+    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None) -> None:
+        if score_s is not None:
+            self.costs.observe_target(num_drafted + 1, score_s)
         if num_drafted:
             self.costs.observe_draft(num_drafted, draft_s)
             rejected = 1.0 if num_accepted < num_drafted else 0.0

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from spekula.backends.base import Backend
+from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK, Controller, CostModel, FixedK
 from spekula.errors import ConfigError
@@ -38,10 +39,12 @@ class Engine:
         self.spec = spec
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
 
-    def calibrate(self) -> None:
-        """Measure target passes of 1 .. k_max + 1 tokens and a draft step on this machine."""
+    def calibrate(self, max_batch: int = 1) -> None:
+        """Measure target passes of 1 .. k_max + 1 tokens and a draft step on this machine (and, for
+        a batching server, passes up to max_batch x (k_max + 1) rows)."""
         draft = self.proposer.draft_backend if self.proposer is not None else None
-        self.costs.calibrate(self.target, draft, k_max=self.spec.k_max)
+        rows = max_batch * (self.spec.k_max + 1) if max_batch > 1 else 0
+        self.costs.calibrate(self.target, draft, k_max=self.spec.k_max, max_rows=rows)
 
     def new_controller(self) -> Controller:
         if self.proposer is None:
@@ -100,6 +103,12 @@ class Generation:
         else:
             self.generator.manual_seed(sampling.seed)
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
+        self.target_sequence = None  # opened by the first step
+        self.proposer: Proposer | None = None
+        self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
+        self._start_time: float | None = None
+        self._step = 0
+        self._finished = False
         self._steps = self._run()
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -110,6 +119,7 @@ class Generation:
 
     def close(self) -> None:
         self._steps.close()
+        self._finish()  # also when the steps were driven through plan() / complete()
 
     def run(self) -> "Generation":
         """Run to the end (no streaming)."""
@@ -118,59 +128,100 @@ class Generation:
         return self
 
     def _run(self) -> Iterator[list[int]]:
-        engine, stats = self.engine, self.stats
-        # Kept on self so tests and tools can inspect the caches between steps.
-        target = self.target_sequence = engine.target.new_sequence()
-        proposer = self.proposer = engine.proposer.create() if engine.proposer else None
-        controller = self.controller
-        committed = list(self.prompt_ids)
-        start = time.perf_counter()
         try:
-            if len(committed) > 1:
-                target.forward(committed[:-1], num_logits=1)
-            stats.prefill_s = time.perf_counter() - start
-            step = 0
-            while self.finish_reason is None:
-                budget = min(self.stop.max_tokens - len(self.token_ids), target.context_length - len(committed))
-                if budget <= 0:
-                    self.finish_reason = "length"
-                    break
-                k = min(controller.choose_k(), budget - 1)
-                position = len(committed)
-
-                t0 = time.perf_counter()
-                draft = self._draft(proposer, committed, k)
-                t1 = time.perf_counter()
-                logits = self._score(target, committed[-1], draft)  # [k' + 1, V]
-                t2 = time.perf_counter()
-                verdict, p = self._accept(draft, logits)
-                t3 = time.perf_counter()
-                emitted = self._advance(target, proposer, committed, draft, verdict)
-                t4 = time.perf_counter()
-
-                controller.observe(k, len(draft), verdict.num_accepted, t1 - t0, t2 - t1)
-                stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
-                stats.draft_s += t1 - t0
-                stats.score_s += t2 - t1
-                stats.accept_s += t3 - t2
-                stats.advance_s += t4 - t3
-                if stats.ttft_s is None:
-                    stats.ttft_s = t4 - start
-                if self.recorder is not None:
-                    timings = {"draft": t1 - t0, "score": t2 - t1, "accept": t3 - t2, "advance": t4 - t3}
-                    self.recorder.step(_step_record(step, position, k, draft, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup))
-                step += 1
+            while (step := self.plan()) is not None:
+                emitted = self.complete(step, step.score())
                 if emitted:
                     yield emitted
         finally:
-            stats.total_s = time.perf_counter() - start
-            stats.plain_pass_s = engine.costs.target_s.get(1)
-            stats.finish_reason = self.finish_reason = self.finish_reason or "abort"
-            target.release()
-            if proposer is not None:
-                proposer.close()
-            if self.recorder is not None:
-                self.recorder.request({"prompt_tokens": len(self.prompt_ids), "token_ids": self.token_ids, **stats.to_dict()})
+            self._finish()
+
+    # -- one step in two halves, so a scheduler can batch the score pass of many requests -------
+
+    def plan(self, k: int | None = None) -> "PlannedStep | None":
+        """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
+        score pass must run. None when the request is finished. The first call prefills the prompt.
+
+        k: a batching scheduler's choice for the whole batch (None: this request's controller).
+        """
+        if self.finish_reason is not None:
+            return None
+        if self.target_sequence is None:
+            self._start()
+        committed = self._committed
+        budget = min(self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(committed))
+        if budget <= 0:
+            self.finish_reason = "length"
+            return None
+        if k is None:
+            catch_up = self.proposer.catch_up(committed) if self.proposer is not None else 0
+            k = self.controller.choose_k(budget, catch_up)
+        k = min(k, budget - 1)
+        t0 = time.perf_counter()
+        draft = self._draft(self.proposer, committed, k)
+        return PlannedStep(self.target_sequence, [committed[-1], *draft.tokens], k, draft, len(committed), t0, time.perf_counter())
+
+    def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
+        """Stages 3-5 from the target's logits [k' + 1, V]: accept, resample, advance. Returns the
+        token ids to emit. score_s: what the pass cost (default: from plan to now, i.e. a lone pass)."""
+        stats, controller, draft, k = self.stats, self.controller, step.draft, step.k
+        t2 = time.perf_counter()
+        draft_s = step.drafted_at - step.started_at
+        score_s = t2 - step.drafted_at if score_s is None else score_s
+        verdict, p = self._accept(draft, logits)
+        t3 = time.perf_counter()
+        emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
+        t4 = time.perf_counter()
+
+        controller.observe(k, len(draft), verdict.num_accepted, draft_s, score_s if step.alone else None)
+        stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
+        stats.draft_s += draft_s
+        stats.score_s += score_s
+        stats.accept_s += t3 - t2
+        stats.advance_s += t4 - t3
+        if stats.ttft_s is None:
+            stats.ttft_s = t4 - self._start_time
+        if self.recorder is not None:
+            timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
+            self.recorder.step(_step_record(self._step, step.position, k, draft, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup))
+        self._step += 1
+        return emitted
+
+    def open(self) -> list[int]:
+        """Open this request's caches; returns the prompt tokens the target must prefill (all but the
+        pending last one). The first plan() does this and the prefill itself; a batching scheduler
+        may instead open several requests and prefill them in one forward, then call prefilled()."""
+        engine = self.engine
+        self._start_time = time.perf_counter()
+        # Kept on self so tests and tools can inspect the caches between steps.
+        self.target_sequence = engine.target.new_sequence()
+        self.proposer = engine.proposer.create() if engine.proposer else None
+        return self._committed[:-1]
+
+    def prefilled(self) -> None:
+        self.stats.prefill_s = time.perf_counter() - self._start_time
+
+    def _start(self) -> None:
+        prefix = self.open()
+        if prefix:
+            self.target_sequence.forward(prefix, num_logits=1)
+        self.prefilled()
+
+    def _finish(self) -> None:
+        """Runs once, however the request ends (finished, stopped early, failed): frees the caches."""
+        if self._finished:
+            return
+        self._finished = True
+        stats = self.stats
+        stats.total_s = time.perf_counter() - self._start_time if self._start_time is not None else 0.0
+        stats.plain_pass_s = self.engine.costs.target_s.get(1)
+        stats.finish_reason = self.finish_reason = self.finish_reason or "abort"
+        if self.target_sequence is not None:
+            self.target_sequence.release()
+        if self.proposer is not None:
+            self.proposer.close()
+        if self.recorder is not None:
+            self.recorder.request({"prompt_tokens": len(self.prompt_ids), "token_ids": self.token_ids, **stats.to_dict()})
 
     # -- the stages -----------------------------------------------------------------------------
 
@@ -181,10 +232,6 @@ class Generation:
         if len(draft) > k:  # a proposer that over-delivers would break the budget checks above
             draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
         return draft
-
-    def _score(self, target, pending: int, draft: Draft) -> torch.Tensor:
-        """ONE target pass over the pending token and the whole draft."""
-        return target.forward([pending, *draft.tokens], num_logits=len(draft) + 1)
 
     def _accept(self, draft: Draft, logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
         """Accept + resample: returns the verdict and p (None when greedy and nobody needs it)."""
@@ -213,6 +260,23 @@ class Generation:
         emitted = emitted[:room]
         self.token_ids.extend(emitted)
         return emitted
+
+
+@dataclass
+class PlannedStep:
+    """A step between its draft and its target pass: the pass to run is `sequence.forward(tokens)`."""
+
+    sequence: Sequence
+    tokens: list[int]  # the pending token, then the draft
+    k: int
+    draft: Draft
+    position: int  # of the first token this step emits
+    started_at: float
+    drafted_at: float
+    alone: bool = True  # the pass runs for this sequence alone (False: inside a batch)
+
+    def score(self) -> torch.Tensor:
+        return self.sequence.forward(self.tokens, num_logits=len(self.tokens))
 
 
 def _step_record(step, position, k, draft: Draft, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted) -> StepRecord:

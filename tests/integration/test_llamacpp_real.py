@@ -53,14 +53,18 @@ def test_llamacpp_target_with_llamacpp_draft_and_ngram(smol_llama, k):
 def test_mixed_pairs(smol_llama, smollm2):
     llama_backend, codec = smol_llama
     torch_backend, _ = smollm2
-    for prompt in PROMPTS:
-        ids = codec.encode(prompt)
-        # transformers target, quantised llama.cpp draft
-        plain = greedy(Engine(torch_backend), ids)
-        assert greedy(Engine(torch_backend, DraftModelFactory(llama_backend), SpecConfig(k=4)), ids) == plain
-        # llama.cpp target, transformers draft
-        plain = greedy(Engine(llama_backend), ids)
-        assert greedy(Engine(llama_backend, DraftModelFactory(torch_backend), SpecConfig(k=4)), ids) == plain
+    native_backend, _ = load_model("smollm2-135m", BackendConfig(dtype="float32", runtime="native"))
+    pairs = {  # target <- draft; the first is the CLI's default pairing (native target, llama.cpp draft)
+        "native <- llama.cpp": (native_backend, llama_backend),
+        "llama.cpp <- native": (llama_backend, native_backend),
+        "transformers <- llama.cpp": (torch_backend, llama_backend),
+        "llama.cpp <- transformers": (llama_backend, torch_backend),
+    }
+    for name, (target, draft) in pairs.items():
+        for prompt in PROMPTS:
+            ids = codec.encode(prompt)
+            plain = greedy(Engine(target), ids)
+            assert greedy(Engine(target, DraftModelFactory(draft), SpecConfig(k=4)), ids) == plain, (name, prompt)
 
 
 def test_qwen_pair_on_llamacpp():

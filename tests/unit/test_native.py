@@ -231,17 +231,42 @@ def test_static_mode_pads_blocks_and_matches(llama):
         seq.forward(list(range(60)))
 
 
-def test_column_major_layout_gives_the_same_logits(llama):
+def test_static_caches_are_reused_and_what_they_held_stays_invisible(llama):
     _, model, path = llama
-    columns = NativeBackend.load(path, layout="columns")
-    assert not columns.model.layers[0].feed_forward.w13.weight.is_contiguous()
-    assert columns.model.output.weight is columns.model.tok_embeddings.weight  # still tied, one tensor
+    static = NativeBackend.load(path, max_cache_len=64, static=True, block_sizes=(4, 8))
+    first = static.new_sequence()
+    first.forward(tokens(40, seed=20))
+    cache = first.cache
+    first.release()
+    second = static.new_sequence()
+    ids = tokens(9, seed=21)
+    close(second.forward(ids[:5]), reference(model, ids[:5]))  # padded to 8 over the old sequence's slots
+    assert second.cache is cache  # the same tensor, so a captured graph's address stays valid
+    close(second.forward(ids[5:]), reference(model, ids)[5:])
+
+
+def test_packed_layout_gives_the_same_logits_whatever_the_block_width(llama):
+    _, model, path = llama
+    packed, rows = NativeBackend.load(path, layout="packed"), NativeBackend.load(path, layout="rows")
+    assert packed.layout == "packed" and rows.layout == "rows"
+    assert NativeBackend.load(path).layout == "packed"  # the default for fp32 on a CPU
+    assert packed.model.layers[0].feed_forward.w13.packed is not None
+    assert packed.model.layers[0].feed_forward.w13.weight.numel() == 0  # the plain copy is dropped
+    assert rows.model.layers[0].feed_forward.w13.packed is None
     ids = tokens(12, seed=13)
-    seq = columns.new_sequence()
+    seq = packed.new_sequence()
     close(seq.forward(ids[:10]), reference(model, ids[:10]))
-    close(seq.forward(ids[10:]), reference(model, ids)[10:])
+    block = seq.forward(ids[10:])  # a verify-like block of 2
+    close(block, reference(model, ids)[10:])
+    seq.truncate(10)
+    one_by_one = torch.cat([seq.forward([t]) for t in ids[10:]])
+    close(one_by_one, block)
     with pytest.raises(ConfigError, match="layout"):
         NativeBackend.load(path, layout="diagonal")
+    bf16 = NativeBackend.load(path, config=BackendConfig(dtype="bfloat16"))
+    assert bf16.layout == "rows"
+    with pytest.raises(ConfigError, match="fp32 weights on a CPU"):
+        NativeBackend.load(path, config=BackendConfig(dtype="bfloat16"), layout="packed")
 
 
 # -- dtype, loading, registry ------------------------------------------------------------------------

@@ -21,6 +21,10 @@ from spekula.errors import ConfigError
 class Capabilities:
     batching: bool = False  # can run several sequences in one forward
     tree_mask: bool = False  # accepts an attention mask over the verified block (token trees)
+    # A token's logits do not depend on how many tokens share its pass (up to fp32 rounding). False
+    # for llama.cpp, whose kernels for several tokens differ from those for one: greedy speculative
+    # output can then differ from plain decoding where the target's top two logits nearly tie.
+    block_invariant: bool = True
 
 
 class Sequence(ABC):

@@ -26,7 +26,7 @@ INSTALL_HINT = "install it with `make setup` (or: pip install llama-cpp-python==
 
 
 class LlamaCppBackend(Backend):
-    capabilities = Capabilities(batching=False, tree_mask=False)
+    capabilities = Capabilities(batching=False, tree_mask=False, block_invariant=False)
 
     def __init__(self, gguf_path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig(), context_length: int = 4096) -> None:
         try:

@@ -17,13 +17,16 @@ keeps `tokens`), so stale slots past it are never attended and are overwritten b
 Capacity grows on demand (doubling, copied once) up to max_cache_len, or is allocated in full at
 once in static mode.
 
-Weights stay as checkpoints store them ([out, in], row-major); `Linear` picks the faster CPU product
-for the number of rows, and `layout="columns"` re-lays fp32 weights for one-token steps (drafts).
+Weights: fp32 on a CPU, every Linear runs on a oneDNN-packed copy (layout "packed", the default
+there), which verifies a block of tokens for little more than one token costs; elsewhere weights
+stay as checkpoints store them ([out, in], row-major).
 
 Static mode (the CUDA-graph seam, off by default): every block is padded to a bucket of sizes, keys
 are written by an index tensor and attention spans the whole cache under a mask, so a verify pass
 of k + 1 tokens always has the same shapes and can be captured (`compile=True` wraps the model in
-torch.compile). The CPU path needs none of it.
+torch.compile, mode reduce-overhead: CUDA graphs for blocks up to the largest bucket; longer blocks,
+i.e. prefills, run eagerly). A released static cache is kept and handed to the next sequence, so a
+captured graph keeps writing to the same address. The CPU path needs none of it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from spekula.config import BackendConfig
 from spekula.errors import ConfigError, ModelError
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LAYOUTS = ("auto", "packed", "rows")
 CACHE_CHUNK = 256  # cache capacity grows in multiples of this many slots
 
 
@@ -123,15 +127,18 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear with a faster product for several rows in fp32 on a CPU.
+    """nn.Linear that runs on oneDNN's packed copy of its weight when it has one (layout="packed").
 
-    MKL (AVX2, measured here) computes x @ W^T for a few rows up to 2x faster as (W @ x^T)^T (5 rows
-    of the 151936 x 896 Qwen head: 110 ms instead of 200): the big weight is then the untransposed
-    operand. One row stays a plain matrix-vector product, and bf16 stays on F.linear (oneDNN), which
-    is faster for it.
+    Otherwise, for several rows in fp32 on a CPU, it computes x @ W^T as (W @ x^T)^T: MKL (AVX2,
+    measured here) is up to 2x faster with the big weight as the untransposed operand. One row stays a
+    plain matrix-vector product, and bf16 stays on F.linear (oneDNN).
     """
 
+    packed: torch.Tensor | None = None  # set by use_packed_weights; then `weight` is an empty placeholder
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         w = self.weight
         if x.shape[0] == 1 or w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
             return F.linear(x, w, self.bias)
@@ -244,18 +251,20 @@ class Transformer(nn.Module):
         return self.output(x).float()  # [N, V]
 
 
-def use_column_major_weights(model: Transformer) -> None:
-    """Store every fp32 weight [out, in] column-major (same values, other strides).
+def use_packed_weights(model: Transformer, rows_hint: int = 16) -> None:
+    """Give every fp32 Linear a oneDNN-packed copy of its weight (CPU) and drop the plain one.
 
-    Measured here (MKL, AVX2, one thread): one-token steps run ~20% faster (MKL's matrix-vector
-    product prefers this layout), blocks of 5 tokens ~30% slower than row-major with Linear's
-    (W @ x^T)^T. So it suits a draft model, which mostly runs one token at a time.
+    This is what makes verification cheap on a CPU. Measured here (AVX2, 2 threads, one 8960 x 1536
+    weight): 1 row 5.1 ms, 9 rows 7.7 ms, 16 rows 9.6 ms, where MKL's x @ W^T takes 6.4, 26 and 23
+    ms; the whole Qwen 1.5B verifies 9 tokens for ~1.25x the price of one (scripts/pass_costs.py).
+    Packed for up to rows_hint rows, a row's product does not depend on how many rows share it.
+    A tied output head keeps the plain weight, which the embedding lookup still reads.
     """
     for module in model.modules():
-        if isinstance(module, nn.Linear):
-            module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
-    if model.args.tie_embeddings:
-        model.tok_embeddings.weight = model.output.weight  # still one tensor; a lookup reads strided rows
+        if isinstance(module, Linear) and module.packed is None:  # a model shared by two backends is packed once
+            module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows_hint)
+            if not (model.args.tie_embeddings and module is model.output):
+                module.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
 def attention_mask(
@@ -302,16 +311,16 @@ class NativeBackend(Backend):
         static: bool = False,
         block_sizes: Seq[int] = (1, 2, 4, 8, 16),
         compile: bool = False,
-        layout: str = "rows",
+        layout: str = "auto",
     ) -> None:
         """max_cache_len: most tokens one sequence may hold (default: the model's context).
         static: caches allocated in full, blocks padded up to one of block_sizes, attention over the
         whole cache under a mask: fixed shapes for CUDA graphs. compile: torch.compile the model (static only).
-        layout: "rows" (as stored; best for multi-token blocks) or "columns" (fp32 on a CPU: best for
-        one-token steps, i.e. a draft model; see use_column_major_weights).
+        layout: "packed" (oneDNN blocked weights, fp32 on a CPU: see use_packed_weights), "rows" (as
+        stored) or "auto" (packed where it applies, else rows).
         """
-        if layout not in ("rows", "columns"):
-            raise ConfigError(f"layout must be 'rows' or 'columns', got {layout!r}")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
         self.model = model
         self.args = model.args
         self.name = name
@@ -323,12 +332,17 @@ class NativeBackend(Backend):
         self.device = model.tok_embeddings.weight.device
         self.static = static or compile
         self.block_sizes = sorted(block_sizes)
-        self.layout = layout
-        if layout == "columns" and self.device.type == "cpu" and self.dtype == torch.float32:
-            use_column_major_weights(model)
+        packable = self.device.type == "cpu" and self.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        if layout == "packed" and not packable:
+            raise ConfigError("layout='packed' needs fp32 weights on a CPU with oneDNN; use layout='rows'")
+        self.layout = "packed" if layout == "auto" and packable else ("rows" if layout == "auto" else layout)
+        if self.layout == "packed":
+            use_packed_weights(model)
         if compile and self.device.type != "cuda":
             raise ConfigError("compile=True is for CUDA (untested so far); the CPU path runs eagerly")
         self.step = torch.compile(model, dynamic=False, mode="reduce-overhead") if compile else model
+        self.compiled = compile
+        self.free_caches: list[torch.Tensor] = []  # released static caches, reused (fixed addresses)
 
     @classmethod
     def load(
@@ -384,12 +398,15 @@ class NativeBackend(Backend):
             segments.append(segment)
             counts.append(wanted)
 
-        logits = self.step(
-            torch.tensor(tokens, device=self.device),
-            torch.cat(positions).to(self.device),
-            segments,
-            torch.tensor(logit_rows, device=self.device),
-        )  # [sum(num_logits), V]
+        inputs = (torch.tensor(tokens, device=self.device), torch.cat(positions).to(self.device), segments)
+        rows = torch.tensor(logit_rows, device=self.device)
+        if self.compiled and len(tokens) <= self.block_sizes[-1]:
+            # A captured shape: logits for every row (fixed shapes), the wanted ones copied out, as the
+            # graph overwrites its output on its next replay.
+            logits = self.step(*inputs, torch.arange(len(tokens), device=self.device))[rows]
+        else:
+            logits = self.model(*inputs, rows)
+        logits = logits.cpu()  # [sum(num_logits), V]; the engine verifies and samples on the CPU
         for seq, ids in zip(sequences, token_lists):
             seq.tokens.extend(int(t) for t in ids)
         return list(logits.split(counts))
@@ -482,6 +499,8 @@ class NativeSequence(Sequence):
         pass  # slots >= length are stale: never attended, overwritten by the next forward
 
     def release(self) -> None:
+        if self.backend.static and self.cache is not None:
+            self.backend.free_caches.append(self.cache)  # the next sequence's: same address for the graphs
         self.cache = None
         self.tokens.clear()
 
@@ -501,8 +520,15 @@ class NativeSequence(Sequence):
             capacity = min(-(-capacity // CACHE_CHUNK) * CACHE_CHUNK, self.capacity_limit)
         if slots > capacity:
             raise ConfigError(f"{slots} cache slots exceed the limit of {self.capacity_limit}")
+        if backend.static and backend.free_caches:
+            self.cache = backend.free_caches.pop()  # its old slots are stale, as after a truncate
+            return
         shape = (args.n_layers, 2, args.n_kv_heads, capacity, args.head_dim)
         cache = torch.zeros(shape, dtype=backend.dtype, device=backend.device)  # zeros: a masked slot must not hold NaN
+        if backend.compiled:
+            # Written in place by the graph: CUDA graphs allow that only for an input of fixed address;
+            # guarded, each cache gets its own compiled graph instead of re-recording one graph per swap.
+            torch._dynamo.mark_static_address(cache, guard=True)
         if self.cache is not None:
             cache[:, :, :, : self.length] = self.cache[:, :, :, : self.length]
         self.cache = cache

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spekula.cli import add_model_options, add_sampling_options, backend_from_args, sampling_from_args
+from spekula.cli import add_model_options, add_sampling_options, backend_from_args, draft_backend_from_args, sampling_from_args
 
 SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram, k=N (k=2/4/8 measures "
@@ -143,9 +143,9 @@ def load_contenders(args: argparse.Namespace, choices: list):
     from spekula.proposers import needs_model
 
     backend = backend_from_args(args)
-    _log(f"loading target {args.target} ({backend.dtype}) ...")
+    _log(f"loading target {args.target} ({backend.runtime}, {backend.dtype}) ...")
     target, codec = load_model(args.target, backend)
-    loader = DraftLoader(args.target, target, codec, backend, log=_log)
+    loader = DraftLoader(args.target, target, codec, backend, log=_log, draft_config=lambda name: draft_backend_from_args(args, name))
     contenders = build_contenders(target, codec, choices, loader)
     drafts = list(dict.fromkeys(c.draft for c in choices if not c.plain and needs_model(c.draft)))
     models = [model_identity(args.target, "target")] + [model_identity(d, "draft") for d in drafts]

@@ -154,29 +154,34 @@ def build_contenders(target: Backend, codec: Any, choices: list[SpecChoice], loa
 
 
 class DraftLoader:
-    """Loads each draft model once (the target counts as loaded) and refuses a different vocabulary,
-    as Pipeline.load does."""
+    """Loads each draft model once and refuses a different vocabulary, as Pipeline.load does.
+    draft_config(name): how that draft runs (default: like the target, which then counts as loaded)."""
 
-    def __init__(self, target_name: str, target: Backend, codec: Any, config: BackendConfig, log: Callable[[str], None] = lambda m: None) -> None:
+    def __init__(
+        self, target_name: str, target: Backend, codec: Any, config: BackendConfig,
+        log: Callable[[str], None] = lambda m: None, draft_config: Callable[[str], BackendConfig] | None = None,
+    ) -> None:
         self.codec = codec
         self.config = config
+        self.draft_config = draft_config or (lambda name: config)
         self.log = log
         self.target_name = target_name
-        self.loaded: dict[str, Backend] = {target_name: target}
+        self.loaded: dict[tuple[str, BackendConfig], Backend] = {(target_name, config): target}
 
     def __call__(self, name: str) -> Backend:
-        if name not in self.loaded:
+        config = self.draft_config(name)
+        if (name, config) not in self.loaded:
             from spekula.pipeline import load_model
 
-            self.log(f"loading draft {name} ({self.config.dtype}) ...")
-            backend, codec = load_model(name, self.config)
+            self.log(f"loading draft {name} ({config.runtime}, {config.dtype}) ...")
+            backend, codec = load_model(name, config)
             if codec.vocabulary_fingerprint() != self.codec.vocabulary_fingerprint():
                 raise ConfigError(
                     f"draft {name!r} and target {self.target_name!r} have different vocabularies (their tokenizers map text "
                     "to different ids); choose a draft of the same family, or draft=ngram"
                 )
-            self.loaded[name] = backend
-        return self.loaded[name]
+            self.loaded[(name, config)] = backend
+        return self.loaded[(name, config)]
 
 
 class PeakRss:

@@ -35,6 +35,11 @@ class Proposer(ABC):
     def observe(self, context: list[int], verdict: Verdict) -> None:
         """Called after each step with the new committed context. Default: nothing to learn."""
 
+    def catch_up(self, context: list[int]) -> int:
+        """Tokens of `context` the proposer would have to process before it can draft (a draft model
+        that has not seen the prompt yet). Default: none."""
+        return 0
+
     def close(self) -> None:
         """Free per-request resources (a draft KV cache)."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spekula.backends.base import Backend
+from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import greedy_token, probabilities, sample
@@ -20,8 +20,18 @@ from spekula.verify import Verdict
 
 
 class DraftModelProposer(Proposer):
+    """The draft's sequence (its KV cache) opens at the first proposal: a request that never drafts
+    (k = 0 throughout, e.g. a large batch on a CPU) costs the draft nothing, not even a context."""
+
     def __init__(self, backend: Backend) -> None:
-        self.sequence = backend.new_sequence()
+        self.backend = backend
+        self._sequence: Sequence | None = None
+
+    @property
+    def sequence(self) -> Sequence:
+        if self._sequence is None:
+            self._sequence = self.backend.new_sequence()
+        return self._sequence
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         if k <= 0:
@@ -43,12 +53,18 @@ class DraftModelProposer(Proposer):
                 logits = self.sequence.forward([token], num_logits=1)[-1]
         return Draft(tokens, torch.stack(probs))  # q: [k, V]
 
+    def catch_up(self, context: list[int]) -> int:
+        seen = common_prefix(self._sequence.tokens, context) if self._sequence is not None else 0
+        return max(len(context) - seen - 1, 0)  # the last token is fed with the draft's first step anyway
+
     def observe(self, context: list[int], verdict: Verdict) -> None:
         # Roll back to exactly the committed state: rejected draft tokens leave the cache.
-        self.sequence.truncate(common_prefix(self.sequence.tokens, context))
+        if self._sequence is not None:
+            self._sequence.truncate(common_prefix(self._sequence.tokens, context))
 
     def close(self) -> None:
-        self.sequence.release()
+        if self._sequence is not None:
+            self._sequence.release()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -37,6 +37,7 @@ class ServerMetrics:
         self.tpot = Histogram(P + "time_per_output_token_seconds", "Per request: (total - ttft) / (output tokens - 1)", buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "From arrival (queue included) to the last token", buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram(P + "request_queue_time_seconds", "From arrival to the first step", buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(P + "batch_size", "Requests scored together in one batched target pass", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.waiting = Gauge(P + "num_requests_waiting", "Requests in the queue", registry=r)
         self.running = Gauge(P + "num_requests_running", "Requests being stepped", registry=r)
         self.drafts = Counter(P + "spec_decode_num_drafts", "Target passes that verified at least one drafted token", registry=r)

@@ -4,17 +4,17 @@
                                <--events-- (Delta per step with text, then Finished or Failed)
 
 - Requests join and leave between rounds. Each round gives every running request ONE engine step
-  (up to k + 1 tokens), round-robin: the transformers backend runs one sequence per forward. A
-  backend with `capabilities.batching` would instead gather the running requests' blocks into one
-  forward in `_round` (continuous batching); nothing outside `_round` would change.
-- Speculation: each request gets the engine's controller (`--k auto`: the cost model picks k per
-  step, 0 = plain, from costs measured on this machine while serving). Stepping one sequence at a
-  time, a step costs the same whether 1 or 16 requests run, and throughput is total tokens over
-  total step time; so the k that maximises one request's tokens per second also maximises the
-  server's, and the controller switches speculation off exactly when it stops paying, load or not.
-  (A batching backend changes that: a wide pass verifies many sequences for little more than one,
-  so plain decoding gets cheaper per token as the batch grows. Its costs must then be measured per
-  batch width, and `_round` is where the width is known.)
+  (up to k + 1 tokens). With a backend that batches (`capabilities.batching`, the native runner),
+  a round is continuous batching: every request drafts (Generation.plan), ONE forward scores all
+  their blocks together, then each accepts and advances (Generation.complete). Otherwise (the
+  transformers and llama.cpp backends) the requests step one after another, round-robin.
+- Speculation under load (`--k auto`): one at a time, a step costs the same whether 1 or 16
+  requests run, so each request's own controller is right for the server too. Batched, it is not:
+  a pass over B sequences verifies B (k + 1) rows, plain decoding gets cheaper per token as B grows,
+  and the scheduler picks one k for the round from the cost model (CostModel.best_batch_k over the
+  requests' running alphas, with pass costs measured up to the widest batch at start-up and refined
+  with every round). k = 0 is one of the choices: speculation switches off when the batch makes it
+  unprofitable and comes back when the batch shrinks. A fixed --k is left as given.
 - The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
 - A cancelled request (client gone) is closed before its next step: within one step its KV caches
   are freed and its slot goes to the next waiting request. The same holds for a deadline.
@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from spekula.config import SamplingParams, StopConfig
+from spekula.engine import PlannedStep
 from spekula.errors import SpekulaError
 from spekula.pipeline import Pipeline, TextGeneration
 from spekula.server.errors import APIError
@@ -39,6 +40,7 @@ from spekula.server.metrics import ServerMetrics, StepMeter
 from spekula.trace import RequestStats
 
 log = logging.getLogger("spekula.server")
+PREFILL_BATCH_TOKENS = 2048  # prompt tokens prefilled together in one batched forward, at most
 ENGINE_ERROR = APIError(500, "the engine failed on this request; the server log has the details", code="engine_error")
 
 
@@ -99,6 +101,12 @@ class Scheduler:
         self._stop = False
         self._service_s = 1.0  # running mean of admission-to-finish time, for Retry-After
         self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
+        self.batching = pipeline.target.capabilities.batching and max_running > 1
+        engine = pipeline.engine
+        self._batch_k = self.batching and engine.proposer is not None and engine.spec.k is None
+        if self._batch_k:  # pass costs up to the widest batch, before any request
+            log.info("measuring target passes of up to %d rows (batches of %d) for --k auto", max_running * (engine.spec.k_max + 1), max_running)
+            engine.calibrate(max_batch=max_running)
         metrics.track_queue(lambda: len(self._waiting), lambda: len(self._running))
 
     # -- called from the event loop -------------------------------------------------------------
@@ -206,15 +214,15 @@ class Scheduler:
             self._cv.notify_all()
 
     def _round(self) -> None:
-        """One engine step for every running request (the place a batching backend would batch)."""
+        """One engine step for every running request: one batched forward, or one after another."""
+        if self.batching and len(self._running) > 1:
+            return self._batched_round()
         for job in list(self._running):
             self._step(job)
 
     def _step(self, job: Job) -> None:
-        if job.cancelled.is_set():
-            return self._finish(job, "abort")
-        if time.monotonic() > job.deadline:
-            return self._finish(job, "timeout", self._timeout_error(job))
+        if not self._live(job):
+            return
         try:
             delta = next(job.steps)
             job.meter.update()
@@ -226,11 +234,115 @@ class Scheduler:
         if delta:
             job.sink(Delta(delta))
 
+    def _batched_round(self) -> None:
+        self._prefill_together([job for job in self._running if job.run.generation.target_sequence is None])
+        k = self._choose_batch_k()
+        planned: list[tuple[Job, PlannedStep]] = []
+        for job in list(self._running):
+            if not self._live(job):
+                continue
+            try:
+                step = job.run.generation.plan(k)
+            except Exception:
+                log.exception("request %s failed while drafting", job.id)
+                self._finish(job, "error", ENGINE_ERROR)
+                continue
+            if step is None:  # finished: emit the held-back text, then the end
+                self._emit(job, job.run.flush())
+                self._finish(job, job.run.generation.finish_reason or "stop")
+            else:
+                step.alone = False
+                planned.append((job, step))
+        if not planned:
+            return
+        self.metrics.batch_size.observe(len(planned))
+        start = time.perf_counter()
+        try:
+            logits = self.pipeline.target.forward_batch(
+                [s.sequence for _, s in planned], [s.tokens for _, s in planned], [len(s.tokens) for _, s in planned]
+            )
+        except Exception:  # the batch's caches are in an unknown state: end its requests, keep serving
+            log.exception("a batched forward of %d requests failed", len(planned))
+            for job, _ in planned:
+                self._finish(job, "error", ENGINE_ERROR)
+            return
+        pass_s = time.perf_counter() - start
+        if self._batch_k:
+            self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
+        for (job, step), job_logits in zip(planned, logits):
+            try:
+                emitted = job.run.generation.complete(step, job_logits, score_s=pass_s)
+                delta = job.run.feed(emitted)
+                job.meter.update()
+            except Exception:
+                log.exception("request %s failed in the engine", job.id)
+                self._finish(job, "error", ENGINE_ERROR)
+                continue
+            self._emit(job, delta)
+            if job.run.stopped:
+                self._finish(job, "stop")
+
+    def _prefill_together(self, fresh: list[Job]) -> None:
+        """Prefill newly admitted requests in batched forwards of up to PREFILL_BATCH_TOKENS tokens
+        (one at a time, 16 short prompts cost 16 passes that every running request waits for)."""
+        groups: list[list[tuple[Job, list[int]]]] = [[]]
+        for job in fresh:
+            if not self._live(job):
+                continue
+            try:
+                prefix = job.run.generation.open()
+            except Exception:
+                log.exception("request %s could not open its caches", job.id)
+                self._finish(job, "error", ENGINE_ERROR)
+                continue
+            if sum(len(p) for _, p in groups[-1]) + len(prefix) > PREFILL_BATCH_TOKENS and groups[-1]:
+                groups.append([])
+            groups[-1].append((job, prefix))
+        for group in groups:
+            todo = [(job, prefix) for job, prefix in group if prefix]
+            try:
+                if todo:
+                    self.pipeline.target.forward_batch([j.run.generation.target_sequence for j, _ in todo], [p for _, p in todo], [1] * len(todo))
+            except Exception:
+                log.exception("a batched prefill of %d requests failed", len(todo))
+                for job, _ in group:
+                    self._finish(job, "error", ENGINE_ERROR)
+                continue
+            for job, _ in group:
+                job.run.generation.prefilled()
+
+    def _choose_batch_k(self) -> int | None:
+        """The round's k from the cost model (None: each request's own controller, e.g. a fixed --k)."""
+        if not self._batch_k:
+            return None
+        engine = self.pipeline.engine
+        controllers = [job.run.generation.controller for job in self._running]
+        k, speedup = engine.costs.best_batch_k([c.alpha for c in controllers], engine.spec.k_max)
+        for controller in controllers:
+            controller.predicted_speedup = speedup  # what the stats and traces report for this step
+        return k
+
+    def _live(self, job: Job) -> bool:
+        """False (and the job finished) when its client is gone or its time is up."""
+        if job.cancelled.is_set():
+            self._finish(job, "abort")
+            return False
+        if time.monotonic() > job.deadline:
+            self._finish(job, "timeout", self._timeout_error(job))
+            return False
+        return True
+
+    @staticmethod
+    def _emit(job: Job, delta: str) -> None:
+        if delta:
+            job.sink(Delta(delta))
+
     def _finish(self, job: Job, reason: str, error: APIError | None = None) -> None:
         stats = None
         if job.run is not None:
             try:
                 job.steps.close()  # frees both KV caches now if the request was cut short
+                job.run.close()  # the same when a batched round drove the steps
                 job.meter.update()
             except Exception:
                 log.exception("request %s: cleaning up failed", job.id)
