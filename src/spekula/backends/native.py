@@ -254,10 +254,11 @@ class Transformer(nn.Module):
 def use_packed_weights(model: Transformer, rows_hint: int = 16) -> None:
     """Give every fp32 Linear a oneDNN-packed copy of its weight (CPU) and drop the plain one.
 
-    This is what makes verification cheap on a CPU. Measured here (AVX2, 2 threads, one 8960 x 1536
-    weight): 1 row 5.1 ms, 9 rows 7.7 ms, 16 rows 9.6 ms, where MKL's x @ W^T takes 6.4, 26 and 23
-    ms; the whole Qwen 1.5B verifies 9 tokens for ~1.25x the price of one (scripts/pass_costs.py).
-    Packed for up to rows_hint rows, a row's product does not depend on how many rows share it.
+    This is what makes verification cheap on a CPU: MKL's x @ W^T is slow for the 2-16 rows of a
+    verify block, oneDNN's packed product is not. Measured here (AVX2, 2 threads) with
+    `scripts/pass_costs.py --runtime native`: the whole Qwen 1.5B verifies 9 tokens for ~1.22x the
+    price of one, where transformers (MKL) pays ~3.9x.
+    rows_hint: the block width oneDNN chooses its blocking for (a verify block is at most k_max + 1).
     A tied output head keeps the plain weight, which the embedding lookup still reads.
     """
     for module in model.modules():
