@@ -104,7 +104,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt_ids = pipe.codec.encode(prompt, chat=chat)
     if pipe.engine.proposer is not None and not pipe.target.capabilities.block_invariant:
         _log(f"note: the {args.backend} target computes a block of tokens with other kernels than one token, so greedy "
-             "speculative output can differ from its plain decoding where its top two logits nearly tie; "
+             "speculative output can differ from its plain decoding where its top two logits nearly tie "
              "(with --backend native in fp32 the kernels differ only in float rounding)")
     if args.compare:
         pipe.warmup()
