@@ -32,9 +32,10 @@ class Controller(ABC):
         """k for the next step. remaining: tokens the request may still emit (None: unknown);
         catch_up: context tokens the draft must process before its first draft (a cold draft cache)."""
 
-    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None) -> None:
+    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None, catch_up: int = 0) -> None:
         """Outcome of one step: what was drafted and accepted, and what the draft and the verify pass
-        cost (score_s None: the pass ran inside a batch, so its time is not this request's)."""
+        cost (score_s None: the pass ran inside a batch, so its time is not this request's).
+        catch_up: context tokens the draft processed first, inside draft_s (a cold draft's prefill)."""
 
 
 @dataclass
@@ -178,6 +179,7 @@ class AdaptiveK(Controller):
     _rejected: float = 0.0
     _plain_steps: int = 0
     _probe_gap: int = 0
+    _k_cap: int | None = None  # slow start: the longest draft this request may risk yet (None: not set)
 
     @property
     def alpha(self) -> float:
@@ -185,7 +187,7 @@ class AdaptiveK(Controller):
         return (self._accepted + prior * self.costs.alpha) / (self._accepted + self._rejected + prior)
 
     def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
-        k, self.predicted_speedup = self.costs.best_k(self.alpha, self.k_max)
+        k, self.predicted_speedup = self.costs.best_k(self.alpha, self.k_cap)
         if k > 0 and not self._pays_back(self.alpha, k, remaining, catch_up):
             k, self.predicted_speedup = 0, 1.0
         if k > 0:
@@ -201,13 +203,34 @@ class AdaptiveK(Controller):
             return 0
         if remaining is not None and remaining < self._probe_gap:
             return 0  # too few tokens left to win back what a probe costs, even if acceptance came back
-        if not self._pays_back(1.0, self.costs.best_k(1.0, self.k_max)[0], remaining, catch_up):
-            return 0
+        if catch_up:
+            # A probe of a cold draft pays its catch-up first, so it must be won back at the
+            # acceptance requests here usually get (the engine-wide alpha), not at a perfect one.
+            usual = self.costs.alpha
+            k_usual = self.costs.best_k(usual, self.k_max)[0]
+            if k_usual == 0 or not self._pays_back(usual, k_usual, remaining, catch_up):
+                return 0
         # Probe: one drafted token tells us whether acceptance came back. Each probe costs a wider
         # pass and a draft step, so probes that change nothing come ever less often.
         self._plain_steps = 0
         self._probe_gap = min(2 * self._probe_gap, self.max_probe_every)
         return 1
+
+    @property
+    def k_cap(self) -> int:
+        """Slow start. A new request's alpha is only the engine-wide prior, learnt on other requests,
+        and n-gram acceptance in particular differs from prompt to prompt. So until a request has
+        evidence of its own, a fully rejected draft may cost it at most one plain pass more than
+        plain decoding: k <= the largest k with T(k + 1) + k T_draft <= 2 T(1). Each fully accepted
+        draft doubles the cap, up to k_max. Where verification and drafts are cheap (packed fp32
+        weights, a llama.cpp draft) the cap starts at k_max and changes nothing; where a wide pass is dear (transformers' fp32, llama.cpp
+        on 2 cores) a wrong prior costs one short draft instead of a long one."""
+        if self._k_cap is None:
+            c = self.costs
+            plain = c.target_cost(1)
+            fits = [k for k in range(1, self.k_max + 1) if c.target_cost(k + 1) + k * c.draft_s_per_token <= 2 * plain]
+            self._k_cap = max(fits, default=1)
+        return self._k_cap
 
     def _pays_back(self, alpha: float, k: int, remaining: int | None, catch_up: int) -> bool:
         """Would the seconds speculation saves over the remaining tokens (at this alpha and k) cover
@@ -218,12 +241,15 @@ class AdaptiveK(Controller):
         saved_per_token = c.target_cost(1) - 1.0 / c.tokens_per_s(alpha, k)
         return remaining * saved_per_token > catch_up * c.draft_prefill_s_per_token
 
-    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None) -> None:
+    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None, catch_up: int = 0) -> None:
         if score_s is not None:
             self.costs.observe_target(num_drafted + 1, score_s)
         if num_drafted:
-            self.costs.observe_draft(num_drafted, draft_s)
+            if catch_up <= 1:  # else draft_s is mostly the draft's prefill: not a price per drafted token
+                self.costs.observe_draft(num_drafted, draft_s)
             rejected = 1.0 if num_accepted < num_drafted else 0.0
+            if not rejected:
+                self._k_cap = min(2 * self.k_cap, self.k_max)
             self._accepted = self.decay * self._accepted + num_accepted
             self._rejected = self.decay * self._rejected + rejected
             rate = num_accepted / (num_accepted + rejected)

@@ -153,13 +153,13 @@ class Generation:
         if budget <= 0:
             self.finish_reason = "length"
             return None
+        catch_up = self.proposer.catch_up(committed) if self.proposer is not None else 0
         if k is None:
-            catch_up = self.proposer.catch_up(committed) if self.proposer is not None else 0
             k = self.controller.choose_k(budget, catch_up)
         k = min(k, budget - 1)
         t0 = time.perf_counter()
         draft = self._draft(self.proposer, committed, k)
-        return PlannedStep(self.target_sequence, [committed[-1], *draft.tokens], k, draft, len(committed), t0, time.perf_counter())
+        return PlannedStep(self.target_sequence, [committed[-1], *draft.tokens], k, draft, len(committed), t0, time.perf_counter(), catch_up)
 
     def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
         """Stages 3-5 from the target's logits [k' + 1, V]: accept, resample, advance. Returns the
@@ -173,7 +173,7 @@ class Generation:
         emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
         t4 = time.perf_counter()
 
-        controller.observe(k, len(draft), verdict.num_accepted, draft_s, score_s if step.alone else None)
+        controller.observe(k, len(draft), verdict.num_accepted, draft_s, score_s if step.alone else None, step.catch_up)
         stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
         stats.draft_s += draft_s
         stats.score_s += score_s
@@ -273,6 +273,7 @@ class PlannedStep:
     position: int  # of the first token this step emits
     started_at: float
     drafted_at: float
+    catch_up: int = 0  # context tokens the proposer processed before drafting (a cold draft's prefill)
     alone: bool = True  # the pass runs for this sequence alone (False: inside a batch)
 
     def score(self) -> torch.Tensor:

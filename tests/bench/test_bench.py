@@ -155,6 +155,27 @@ def test_duplicate_configurations_are_refused():
         contenders_for(table(0), {}, [SpecChoice("ngram", 4), SpecChoice("ngram", 4)])
 
 
+def test_named_plain_configuration_runs_as_an_a_a_control(tmp_path):
+    """`--spec draft=none,name=plain-again`: plain decoding once more under its own name, so the run
+    shows how far noise alone moves a ratio; an unnamed plain choice is the baseline, not a copy."""
+    choices = [SpecChoice("none", 0), SpecChoice("none", 0, label="plain-again"), SpecChoice("ngram", 4)]
+    contenders = contenders_for(table(0, work=2), {}, choices)
+    assert [c.name for c in contenders] == ["plain", "plain-again", "ngram k=4"]
+    assert [c.plain for c in contenders] == [True, True, False]
+    items = load_workload(write_jsonl(tmp_path / "w.jsonl", UNSEEN[:2]))
+    result, markdown, _ = commands.bench_inprocess(
+        contenders, ByteCodec(), items, target_name="table-0", models=[], workload_name="w", out_dir=tmp_path / "out",
+        max_tokens=8, progress=False,
+    )
+    again = [r for r in result["requests"] if r["config"] == "plain-again"]
+    assert len(again) == len(items)
+    for r in again:
+        assert r["identical"] is True and r["speedup"] > 0
+        assert r["stats"]["drafted"] == 0 and r["stats"]["target_passes"] == r["stats"]["output_tokens"]
+    assert result["summary"]["plain-again"]["overall"]["identical_to_plain"] == len(items)
+    assert "| plain-again |" in markdown
+
+
 def test_merge_stats_sums_what_adds_up():
     a, b = RequestStats(prompt_tokens=3, ttft_s=0.1, total_s=1.0), RequestStats(prompt_tokens=4, ttft_s=0.2, total_s=3.0)
     a.record_step(4, 4, 4, 5)

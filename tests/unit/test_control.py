@@ -87,6 +87,69 @@ def test_no_probe_when_too_few_tokens_remain_to_win_it_back():
     assert [ctl2.choose_k(remaining=100) for _ in range(4)] == [0, 0, 0, 1]
 
 
+def test_slow_start_caps_a_new_requests_drafts_where_a_wide_pass_is_dear():
+    # transformers' fp32 on this CPU: 2 tokens cost ~2x one; n-gram drafts are free. The engine-wide
+    # alpha came from a request that copied its prompt (alpha ~ 1), but this request is new.
+    dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)
+    dear.alpha = 1.0
+    assert dear.best_k(1.0, k_max=8)[0] == 8
+    ctl = AdaptiveK(dear, k_max=8)
+    assert ctl.k_cap == 1 and ctl.choose_k() == 1  # a wrong prior costs at most one plain pass
+    ctl.observe(1, 1, 0, 0.0, 1.15)  # rejected: the cap stays (and alpha falls)
+    assert ctl.k_cap == 1
+    ctl = AdaptiveK(dear, k_max=8)
+    dear.alpha = 1.0
+    ks = []
+    for _ in range(5):  # each fully accepted draft doubles the cap, up to k_max
+        k = ctl.choose_k()
+        ctl.observe(k, k, k, 0.0, dear.target_cost(k + 1))
+        ks.append(k)
+    assert ks == [1, 2, 4, 8, 8]
+    # Packed fp32 weights and a llama.cpp draft: a fully rejected 8-token draft costs less than one
+    # extra plain pass, so slow start changes nothing there.
+    cheap = CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808}, draft_s_per_token=0.040, frozen=True)
+    cheap.alpha = 0.9
+    ctl = AdaptiveK(cheap, k_max=8)
+    assert ctl.k_cap == 8 and ctl.choose_k() == cheap.best_k(ctl.alpha, 8)[0] >= 6
+
+
+def test_a_cold_drafts_prefill_is_not_priced_as_drafted_tokens():
+    costs = CostModel(target_s={1: 0.6, 9: 0.8}, draft_s_per_token=0.04)
+    ctl = AdaptiveK(costs, k_max=8)
+    ctl.observe(8, 8, 8, 4.0 + 8 * 0.04, 0.8, catch_up=300)  # 4 s of catching up on a 300-token prompt
+    assert costs.draft_s_per_token == 0.04
+    ctl.observe(8, 8, 8, 8 * 0.05, 0.8, catch_up=1)  # a warm draft: the recovered token, then 8 drafts
+    assert 0.04 < costs.draft_s_per_token <= 0.05
+
+
+def test_the_engine_reports_a_cold_drafts_catch_up_with_the_step():
+    target = random_table_backend(40, seed=0, order=2)
+    engine = Engine(target, DraftModelFactory(random_table_backend(40, seed=0, order=2)), SpecConfig(k=3))
+    g = engine.generate(list(range(1, 21)), SamplingParams(), StopConfig(max_tokens=12))
+    first = g.plan()
+    assert first.catch_up == 19  # the whole prompt but its pending last token
+    g.complete(first, first.score())
+    second = g.plan()
+    assert second.catch_up <= 1
+    g.close()
+
+
+def test_a_cold_draft_is_probed_only_if_usual_acceptance_would_win_back_its_catch_up():
+    def probes(engine_alpha: float) -> list[int]:
+        dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, draft_s_per_token=0.04, frozen=True)
+        dear.draft_prefill_s_per_token = 0.01
+        ctl = AdaptiveK(dear, k_max=8, probe_every=2)
+        for _ in range(3):
+            ctl.observe(1, 1, 0, 0.04, 1.15)  # this request's drafts were rejected: plain decoding
+        dear.alpha = engine_alpha
+        return [ctl.choose_k(remaining=100, catch_up=100) for _ in range(2)]
+
+    # Requests here usually accept 95%: a probe may pay 1 s of catch-up (8-token drafts would win it back).
+    assert probes(0.95) == [0, 1]
+    # At the usual 60% no k beats plain decoding on these costs: the catch-up would never come back.
+    assert probes(0.6) == [0, 0]
+
+
 def test_a_cold_draft_speculates_only_when_the_rest_of_the_request_pays_for_its_catch_up():
     costs = memory_bound()
     costs.draft_prefill_s_per_token = 0.01  # 500 context tokens to catch up: 5 s

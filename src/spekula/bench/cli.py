@@ -16,7 +16,8 @@ from spekula.cli import add_model_options, add_sampling_options, backend_from_ar
 SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram, k=N (k=2/4/8 measures "
     "several), ngram_max=, ngram_min=, name=LABEL; keys not given take --draft / --k / --ngram-max / --ngram-min. "
-    "Repeatable. Default: one configuration from --draft and --k"
+    "Repeatable. Default: one configuration from --draft and --k. draft=none,name=LABEL measures plain decoding "
+    "again under LABEL: an A/A control that shows this machine's noise"
 )
 
 

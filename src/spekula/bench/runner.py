@@ -137,13 +137,20 @@ class Contender:
 
 
 def build_contenders(target: Backend, codec: Any, choices: list[SpecChoice], load_draft: Callable[[str], Backend] | None) -> list[Contender]:
-    """Plain decoding first, then every speculative choice (duplicates by name refused)."""
+    """Plain decoding first, then every speculative choice (duplicates by name refused).
+
+    Plain decoding is always measured, as the baseline. A plain choice given its own name
+    (`--spec draft=none,name=plain-again`) runs as one more configuration: an A/A control, whose
+    per-prompt "speedup" (ideally 1.00x) shows how far this machine's noise alone moves a ratio."""
     out = [Contender(PLAIN_CHOICE, Pipeline(target, codec, None, PLAIN_CHOICE.spec_config(), draft_name=NONE))]
     for choice in choices:
-        if choice.plain:
-            continue  # plain decoding is always measured, once
+        if choice.plain and choice.name == PLAIN:
+            continue  # the baseline, already there
         if any(c.name == choice.name for c in out):
             raise ConfigError(f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name=")
+        if choice.plain:
+            out.append(Contender(choice, Pipeline(target, codec, None, choice.spec_config(), draft_name=NONE)))
+            continue
         spec = choice.spec_config()
         proposer = build_proposer(choice.draft, spec, target=target, load_draft=load_draft)
         pipe = Pipeline(target, codec, proposer, spec, draft_name=choice.draft)
