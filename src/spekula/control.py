@@ -223,8 +223,9 @@ class AdaptiveK(Controller):
         evidence of its own, a fully rejected draft may cost it at most one plain pass more than
         plain decoding: k <= the largest k with T(k + 1) + k T_draft <= 2 T(1). Each fully accepted
         draft doubles the cap, up to k_max. Where verification and drafts are cheap (packed fp32
-        weights, a llama.cpp draft) the cap starts at k_max and changes nothing; where a wide pass is dear (transformers' fp32, llama.cpp
-        on 2 cores) a wrong prior costs one short draft instead of a long one."""
+        weights, a llama.cpp draft) the cap starts at k_max and changes nothing; where a wide pass
+        is dear (transformers' fp32, llama.cpp on 2 cores) a wrong prior costs one short draft
+        instead of a long one."""
         if self._k_cap is None:
             c = self.costs
             plain = c.target_cost(1)

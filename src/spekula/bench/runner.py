@@ -142,14 +142,17 @@ def build_contenders(target: Backend, codec: Any, choices: list[SpecChoice], loa
     Plain decoding is always measured, as the baseline. A plain choice given its own name
     (`--spec draft=none,name=plain-again`) runs as one more configuration: an A/A control, whose
     per-prompt "speedup" (ideally 1.00x) shows how far this machine's noise alone moves a ratio."""
-    out = [Contender(PLAIN_CHOICE, Pipeline(target, codec, None, PLAIN_CHOICE.spec_config(), draft_name=NONE))]
+    def plain(choice: SpecChoice) -> Contender:
+        return Contender(choice, Pipeline(target, codec, None, choice.spec_config(), draft_name=NONE))
+
+    out = [plain(PLAIN_CHOICE)]
     for choice in choices:
         if choice.plain and choice.name == PLAIN:
             continue  # the baseline, already there
         if any(c.name == choice.name for c in out):
             raise ConfigError(f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name=")
         if choice.plain:
-            out.append(Contender(choice, Pipeline(target, codec, None, choice.spec_config(), draft_name=NONE)))
+            out.append(plain(choice))
             continue
         spec = choice.spec_config()
         proposer = build_proposer(choice.draft, spec, target=target, load_draft=load_draft)
