@@ -8,48 +8,81 @@ differs from the real output, and the step costs one target pass of its width (-
 pass of n tokens, e.g. measured by scripts/pass_costs.py). Prefill is left out: the speedup printed
 is decode time only, an upper bound on what the request as a whole gains.
 
+--by-class prints instead how often n-gram drafts are accepted by draft class (the matched
+length) and draft position, over every position of the outputs: what `--k auto` learns.
+
     .venv/bin/python scripts/ngram_replay.py docs/benchmarks/full-length/results.json \\
         --costs 1:0.58,2:0.60,5:0.66,9:0.80 --k auto,2,4,8
 """
 
 import argparse
 import json
+import statistics
 
 from spekula.bench.workloads import parse_lines
 from spekula.config import SamplingParams
-from spekula.control import AdaptiveK, CostModel, FixedK
+from spekula.control import NO_DRAFT, POSITIONS, AdaptiveK, CostModel, FixedK
 from spekula.models import resolve
 from spekula.proposers.ngram import NgramProposer
 from spekula.text import TextCodec
 
 
-def replay(prompt: list[int], output: list[int], controller, costs: CostModel, ngram_max: int, ngram_min: int) -> tuple[float, int]:
-    """(decode seconds, target passes) of n-gram speculation that produces `output` after `prompt`."""
+def replay(
+    prompt: list[int], output: list[int], controller, costs: CostModel, ngram_max: int, ngram_min: int, classes: bool = True,
+) -> tuple[float, int]:
+    """(decode seconds, target passes) of n-gram speculation that produces `output` after `prompt`.
+    classes False: one alpha for every match length (the controller before draft classes)."""
     proposer = NgramProposer(ngram_max, ngram_min)
     pos, seconds, passes = 0, 0.0, 0
     while pos < len(output):
-        k = min(controller.choose_k(len(output) - pos, 0), len(output) - pos - 1)
-        draft = proposer.propose(prompt + output[:pos], k, SamplingParams(), None).tokens if k > 0 else []
+        context = prompt + output[:pos]
+        draft_class = proposer.draft_class(context)
+        if not classes and draft_class != NO_DRAFT:
+            draft_class = None
+        k = min(controller.choose_k(len(output) - pos, 0, draft_class), len(output) - pos - 1)
+        draft = proposer.propose(context, k, SamplingParams(), None).tokens if k > 0 else []
         accepted = 0
         while accepted < len(draft) and draft[accepted] == output[pos + accepted]:
             accepted += 1
-        controller.observe(k, len(draft), accepted, 0.0, None)
+        controller.observe(k, len(draft), accepted, 0.0, None, 0, draft_class)
         seconds += costs.target_cost(len(draft) + 1)
         passes += 1
         pos += accepted + 1
     return seconds, passes
 
 
+def acceptance_by_class(prompt: list[int], output: list[int], k: int, ngram_max: int, ngram_min: int, counts: dict) -> None:
+    """At every position of `output`, draft k tokens and count, per draft class (the matched length)
+    and draft position i, how often position i was reached (every earlier token accepted) and accepted:
+    counts[class][i] = [accepted, reached]."""
+    proposer = NgramProposer(ngram_max, ngram_min)
+    for pos in range(len(output)):
+        context = prompt + output[:pos]
+        draft_class = proposer.draft_class(context)
+        if draft_class == NO_DRAFT:
+            continue
+        rows = counts.setdefault(draft_class, [[0, 0] for _ in range(POSITIONS)])
+        for i, token in enumerate(proposer.propose(context, min(k, len(output) - pos), SamplingParams(), None).tokens):
+            row = rows[min(i, POSITIONS - 1)]
+            row[1] += 1
+            if token != output[pos + i]:
+                break
+            row[0] += 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a spekula bench results.json (its plain-decoding outputs are replayed)")
-    ap.add_argument("--costs", required=True, help="seconds per target pass by width, as n:s,n:s,... (at least n = 1)")
+    ap.add_argument("--costs", help="seconds per target pass by width, as n:s,n:s,... (at least n = 1)")
+    ap.add_argument("--by-class", action="store_true", help="instead: acceptance by draft class and position, drafting 8 tokens everywhere")
     ap.add_argument("--k", default="auto,8", help="comma-separated: auto and/or fixed k values")
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--ngram-min", type=int, default=1)
+    ap.add_argument("--one-alpha", action="store_true", help="learn one acceptance rate for every match length, not one per length")
     args = ap.parse_args()
 
-    table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
+    if not args.by_class and not args.costs:
+        ap.error("give --costs (or --by-class)")
     result = json.load(open(args.results))
     items = parse_lines([json.dumps(item) for item in result["workload"]["items"]], "results.json", "default")
     by_id = {item.id: item for item in items}
@@ -57,17 +90,33 @@ def main() -> int:
     chat = bool(result["manifest"]["config"].get("chat"))
 
     plain = [r for r in sorted(result["requests"], key=lambda r: r["order"]) if r["config"] == result["baseline"] and r["repeat"] == 0]
+    if args.by_class:
+        counts: dict[str, list[list[int]]] = {}
+        for r in plain:
+            acceptance_by_class(by_id[r["prompt_id"]].encode(codec, chat=chat), r["token_ids"], 8, args.ngram_max, args.ngram_min, counts)
+        print("draft class | " + " | ".join(f"position {i + 1}" + ("+" if i == POSITIONS - 1 else "") for i in range(POSITIONS)))
+        for draft_class in sorted(counts, reverse=True):
+            print(f"{draft_class} | " + " | ".join(f"{a / n:.2f} of {n}" if n else "-" for a, n in counts[draft_class]))
+        return 0
+    table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
     policies = [p.strip() for p in args.k.split(",") if p.strip()]
     print("prompt | tokens | " + " | ".join(f"k={p}: τ, decode speedup" for p in policies))
     costs = CostModel(target_s=dict(table), frozen=True)  # one engine: alpha carries from prompt to prompt, as in a run
+    speedups: dict[str, dict[str, list[float]]] = {p: {} for p in policies}  # policy -> category -> per prompt
     for r in plain:
         prompt = by_id[r["prompt_id"]].encode(codec, chat=chat)
         cells = []
         for p in policies:
             controller = AdaptiveK(costs) if p == "auto" else FixedK(int(p))
-            seconds, passes = replay(prompt, r["token_ids"], controller, costs, args.ngram_max, args.ngram_min)
-            cells.append(f"{len(r['token_ids']) / passes:.2f}, {len(r['token_ids']) * table[1] / seconds:.2f}x")
+            seconds, passes = replay(prompt, r["token_ids"], controller, costs, args.ngram_max, args.ngram_min, not args.one_alpha)
+            speedup = len(r["token_ids"]) * table[1] / seconds
+            speedups[p].setdefault(r["category"], []).append(speedup)
+            cells.append(f"{len(r['token_ids']) / passes:.2f}, {speedup:.2f}x")
         print(f"{r['prompt_id']} | {len(r['token_ids'])} | " + " | ".join(cells))
+    print("\ncategory | " + " | ".join(f"k={p}: median, worst" for p in policies))
+    for category in speedups[policies[0]]:
+        cells = [f"{statistics.median(speedups[p][category]):.3f}x, {min(speedups[p][category]):.3f}x" for p in policies]
+        print(f"{category} | " + " | ".join(cells))
     return 0
 
 

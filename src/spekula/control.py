@@ -8,18 +8,29 @@ token, and the controller picks the k that maximises expected tokens per second
 
     E[tokens per pass](alpha, k) / (T_target(k + 1) + T_draft(k)),   E = (1 - alpha^(k+1)) / (1 - alpha)
 
-(Leviathan et al. 2023, eq. 1 with i.i.d. acceptance). k = 0 (plain decoding) is one of the choices;
+(Leviathan et al. 2023, eq. 1 with i.i.d. acceptance; here with a rate per draft position, see
+expected_tokens). k = 0 (plain decoding) is one of the choices;
 when it wins, the controller decodes plainly and probes with a short draft every few steps, so a
 request whose text turns predictable gets speculation back.
+
+Acceptance is learnt per *draft class* where the proposer can tell, before drafting, how promising
+its next draft is (Proposer.draft_class): n-gram lookup's drafts after a 4-token match are accepted
+~89% of the time on the built-in suite, after a 1-token match ~28%, so one alpha for both would bet
+on the weak matches and hold back on the strong ones.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 EMA = 0.2  # weight of a new timing observation
+CLASS_EMA = 0.1  # weight of a new acceptance observation in a draft class's engine-wide rates
+POSITIONS = 4  # acceptance is learnt for draft positions 1 .. POSITIONS; later ones share the last rate
+NO_DRAFT = "no draft"  # a draft class: the proposer has nothing to offer now (k = 0, not a decision)
 
 
 class Controller(ABC):
@@ -28,31 +39,45 @@ class Controller(ABC):
     predicted_speedup: float | None = None  # of the last choice, vs plain decoding
 
     @abstractmethod
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
         """k for the next step. remaining: tokens the request may still emit (None: unknown);
-        catch_up: context tokens the draft must process before its first draft (a cold draft cache)."""
+        catch_up: context tokens the draft must process before its first draft (a cold draft cache);
+        draft_class: what the proposer knows of its next draft (Proposer.draft_class; NO_DRAFT: it
+        has none to offer, so k = 0)."""
 
-    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None, catch_up: int = 0) -> None:
+    def observe(
+        self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None,
+        catch_up: int = 0, draft_class: str | None = None,
+    ) -> None:
         """Outcome of one step: what was drafted and accepted, and what the draft and the verify pass
         cost (score_s None: the pass ran inside a batch, so its time is not this request's).
-        catch_up: context tokens the draft processed first, inside draft_s (a cold draft's prefill)."""
+        catch_up: context tokens the draft processed first, inside draft_s (a cold draft's prefill);
+        draft_class: the class choose_k was given for this step."""
 
 
 @dataclass
 class FixedK(Controller):
     k: int
 
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
-        return self.k
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
+        return 0 if draft_class == NO_DRAFT else self.k
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Mean tokens emitted by one pass that verifies k drafts, each accepted with probability alpha."""
+def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
+    """Mean tokens emitted by one pass that verifies k drafts. alpha: the chance each draft token is
+    accepted, or per draft position i, the chance it is accepted given every earlier one was (the
+    last rate holds for later positions)."""
     if k == 0:
         return 1.0
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    if not isinstance(alpha, Sequence):
+        if alpha >= 1.0:
+            return k + 1.0
+        return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= alpha[min(i, len(alpha) - 1)]
+        total += reach
+    return total
 
 
 @dataclass
@@ -63,12 +88,17 @@ class CostModel:
     measured are interpolated linearly between measured ones (extrapolated with the last slope).
     draft_s_per_token: seconds per drafted token (draft forward, or n-gram lookup ~ 0).
     alpha: running acceptance rate over all requests, the prior for a new request.
+    acceptance: per draft class (Proposer.draft_class), the running chance that draft position i is
+    accepted given every earlier one was, for i < POSITIONS: the prior for a class's drafts. It is
+    not flat: an n-gram draft after a 1-token match has its first token accepted ~28% of the time,
+    but once that is, the match is 2 tokens long, and later tokens are accepted more often.
     """
 
     target_s: dict[int, float] = field(default_factory=dict)
     draft_s_per_token: float = 0.0
     draft_prefill_s_per_token: float = 0.0  # a cold draft's catch-up on the context, per token
     alpha: float = 0.6
+    acceptance: dict[str | None, list[float | None]] = field(default_factory=dict)  # None: not reached yet
     frozen: bool = False  # ignore timing observations (given costs, e.g. from `spekula tune`, or tests)
 
     def observe_target(self, n: int, seconds: float) -> None:
@@ -82,6 +112,25 @@ class CostModel:
             return
         per = seconds / tokens
         self.draft_s_per_token = (1 - EMA) * self.draft_s_per_token + EMA * per if self.draft_s_per_token else per
+
+    def observe_acceptance(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
+        """One step's outcome: the first num_accepted of num_drafted draft tokens were accepted."""
+        rejected = 1 if num_accepted < num_drafted else 0
+        rates = self.acceptance.setdefault(draft_class, [None] * POSITIONS)
+        for i in range(num_accepted + rejected):
+            j = min(i, POSITIONS - 1)
+            old = rates[j] if rates[j] is not None else self.prior_acceptance(draft_class)[j]
+            rates[j] = (1 - CLASS_EMA) * old + CLASS_EMA * (i < num_accepted)
+        self.alpha = (1 - EMA) * self.alpha + EMA * num_accepted / (num_accepted + rejected)
+
+    def prior_acceptance(self, draft_class: str | None = None) -> list[float]:
+        """What a draft of this class is expected to get, by position, before a request has evidence.
+        A position no draft of the class has reached yet is expected to do as the one before it."""
+        rates, last = [], self.alpha
+        for rate in self.acceptance.get(draft_class, [None] * POSITIONS):
+            last = rate if rate is not None else last
+            rates.append(last)
+        return rates
 
     def target_cost(self, n: int) -> float:
         if n in self.target_s:
@@ -100,10 +149,10 @@ class CostModel:
         slope = (self.target_s[hi] - self.target_s[lo]) / (hi - lo)
         return max(self.target_s[lo] + slope * (n - lo), 1e-9)
 
-    def tokens_per_s(self, alpha: float, k: int) -> float:
+    def tokens_per_s(self, alpha: float | Sequence[float], k: int) -> float:
         return expected_tokens(alpha, k) / (self.target_cost(k + 1) + k * self.draft_s_per_token)
 
-    def best_k(self, alpha: float, k_max: int) -> tuple[int, float]:
+    def best_k(self, alpha: float | Sequence[float], k_max: int) -> tuple[int, float]:
         """(k, predicted speedup over plain decoding) maximising expected tokens per second."""
         plain = self.tokens_per_s(alpha, 0)
         rates = [(self.tokens_per_s(alpha, k), k) for k in range(k_max + 1)]
@@ -166,38 +215,60 @@ class CostModel:
 
 @dataclass
 class AdaptiveK(Controller):
-    """--k auto: the k the cost model predicts is fastest for this request's running alpha."""
+    """--k auto: the k the cost model predicts is fastest for this request's expected acceptance."""
 
     costs: CostModel
     k_max: int = 8
-    probe_every: int = 8  # plain steps before the first probe while speculation does not pay
+    probe_every: int = 8  # plain steps before the first probe while speculation does not pay (at least)
+    probe_budget: float = 0.02  # ... and probes may cost at most this fraction of plain decoding's time
     max_probe_every: int = 128  # ... doubling after every probe that changes nothing
     min_probe_gain: float = 1.2  # probe only where perfect acceptance would beat plain decoding by this much
-    prior_weight: float = 2.0  # pseudo-observations of the engine-wide alpha
+    prior_weight: float = 2.0  # pseudo-observations of the engine-wide rates, against this request's own
     decay: float = 0.9  # older steps count less: acceptance drifts with the text
-    _accepted: float = 0.0
+    _accepted: float = 0.0  # decayed counts over all draft classes
     _rejected: float = 0.0
+    # This request's draft tokens that passed / failed, and how many the engine-wide rates expected
+    # (decayed sums over every class and position): how much likelier than usual its drafts pass.
+    _passed: float = 0.0
+    _failed: float = 0.0
+    _expected_passed: float = 0.0
+    _expected_failed: float = 0.0
     _plain_steps: int = 0
     _probe_gap: int = 0
     _k_cap: int | None = None  # slow start: the longest draft this request may risk yet (None: not set)
 
     @property
     def alpha(self) -> float:
+        """This request's running acceptance rate, all draft classes and positions together."""
         prior = self.prior_weight
         return (self._accepted + prior * self.costs.alpha) / (self._accepted + self._rejected + prior)
 
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0) -> int:
-        k, self.predicted_speedup = self.costs.best_k(self.alpha, self.k_cap)
-        if k > 0 and not self._pays_back(self.alpha, k, remaining, catch_up):
+    def acceptance(self, draft_class: str | None = None) -> list[float]:
+        """Expected acceptance of a draft of this class, by position: the engine-wide rates for the
+        class, with their odds scaled by this request's own evidence. Requests differ from each
+        other more than a class's rates do (a JSON extraction copies its prompt after a 1-token
+        match far more often than a chat reply does), and one factor for all of a request's
+        classes learns that from every draft it has verified, whichever class they were."""
+        w = self.prior_weight
+        odds = ((self._passed + w) / (self._expected_passed + w)) / ((self._failed + w) / (self._expected_failed + w))
+        return [p * odds / (1.0 - p + p * odds) for p in self.costs.prior_acceptance(draft_class)]
+
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
+        if draft_class == NO_DRAFT:
+            self.predicted_speedup = 1.0
+            return 0
+        alpha = self.acceptance(draft_class)
+        k, self.predicted_speedup = self.costs.best_k(alpha, self.k_cap)
+        if k > 0 and not self._pays_back(alpha, k, remaining, catch_up):
             k, self.predicted_speedup = 0, 1.0
         if k > 0:
-            self._plain_steps, self._probe_gap = 0, self.probe_every
+            self._plain_steps, self._probe_gap = 0, self.first_probe_gap
             return k
         if self.costs.best_k(1.0, self.k_max)[1] < self.min_probe_gain:
             # Even perfect acceptance would (barely) not pay on this hardware: no probe can change
             # that, and a probe has costs the per-token model leaves out (the draft catching up).
             return 0
-        self._probe_gap = self._probe_gap or self.probe_every
+        self._probe_gap = self._probe_gap or self.first_probe_gap
         self._plain_steps += 1
         if self._plain_steps < self._probe_gap:
             return 0
@@ -217,6 +288,16 @@ class AdaptiveK(Controller):
         return 1
 
     @property
+    def first_probe_gap(self) -> int:
+        """Plain steps before a probe: probe_every, or more where a probe's wider pass is dear. A
+        probe that finds nothing costs T(2) + T_draft - T(1); one every g plain steps costs that
+        over g T(1), which probe_budget bounds. (Packed fp32: 3-10% of a pass, so every 8 steps;
+        transformers' fp32: a whole pass, so every ~50; llama.cpp Q4: ~45%, so every ~22.)"""
+        c = self.costs
+        extra = c.target_cost(2) + c.draft_s_per_token - c.target_cost(1)
+        return max(self.probe_every, math.ceil(extra / (self.probe_budget * c.target_cost(1))))
+
+    @property
     def k_cap(self) -> int:
         """Slow start. A new request's alpha is only the engine-wide prior, learnt on other requests,
         and n-gram acceptance in particular differs from prompt to prompt. So until a request has
@@ -233,7 +314,7 @@ class AdaptiveK(Controller):
             self._k_cap = max(fits, default=1)
         return self._k_cap
 
-    def _pays_back(self, alpha: float, k: int, remaining: int | None, catch_up: int) -> bool:
+    def _pays_back(self, alpha: float | Sequence[float], k: int, remaining: int | None, catch_up: int) -> bool:
         """Would the seconds speculation saves over the remaining tokens (at this alpha and k) cover
         the draft's catch-up prefill first? Only a cold draft has one, and only then is it asked."""
         if not catch_up or remaining is None or k == 0:
@@ -242,7 +323,10 @@ class AdaptiveK(Controller):
         saved_per_token = c.target_cost(1) - 1.0 / c.tokens_per_s(alpha, k)
         return remaining * saved_per_token > catch_up * c.draft_prefill_s_per_token
 
-    def observe(self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None, catch_up: int = 0) -> None:
+    def observe(
+        self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None,
+        catch_up: int = 0, draft_class: str | None = None,
+    ) -> None:
         if score_s is not None:
             self.costs.observe_target(num_drafted + 1, score_s)
         if num_drafted:
@@ -253,5 +337,9 @@ class AdaptiveK(Controller):
                 self._k_cap = min(2 * self.k_cap, self.k_max)
             self._accepted = self.decay * self._accepted + num_accepted
             self._rejected = self.decay * self._rejected + rejected
-            rate = num_accepted / (num_accepted + rejected)
-            self.costs.alpha = (1 - EMA) * self.costs.alpha + EMA * rate
+            prior = self.costs.prior_acceptance(draft_class)
+            self._passed, self._failed = self.decay * self._passed + num_accepted, self.decay * self._failed + rejected
+            tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
+            self._expected_passed = self.decay * self._expected_passed + sum(tried)
+            self._expected_failed = self.decay * self._expected_failed + sum(1.0 - p for p in tried)
+            self.costs.observe_acceptance(num_drafted, num_accepted, draft_class)

@@ -24,7 +24,7 @@ import torch
 
 from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import AdaptiveK, Controller, CostModel, FixedK
+from spekula.control import NO_DRAFT, AdaptiveK, Controller, CostModel, FixedK
 from spekula.errors import ConfigError
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
@@ -153,13 +153,19 @@ class Generation:
         if budget <= 0:
             self.finish_reason = "length"
             return None
-        catch_up = self.proposer.catch_up(committed) if self.proposer is not None else 0
+        proposer = self.proposer
+        catch_up = proposer.catch_up(committed) if proposer is not None else 0
+        draft_class = proposer.draft_class(committed) if proposer is not None else None
         if k is None:
-            k = self.controller.choose_k(budget, catch_up)
+            k = self.controller.choose_k(budget, catch_up, draft_class)
+        elif draft_class == NO_DRAFT:
+            k = 0  # a batch's k, but this request has nothing to draft
         k = min(k, budget - 1)
         t0 = time.perf_counter()
-        draft = self._draft(self.proposer, committed, k)
-        return PlannedStep(self.target_sequence, [committed[-1], *draft.tokens], k, draft, len(committed), t0, time.perf_counter(), catch_up)
+        draft = self._draft(proposer, committed, k)
+        return PlannedStep(
+            self.target_sequence, [committed[-1], *draft.tokens], k, draft, len(committed), t0, time.perf_counter(), catch_up, draft_class,
+        )
 
     def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
         """Stages 3-5 from the target's logits [k' + 1, V]: accept, resample, advance. Returns the
@@ -173,7 +179,7 @@ class Generation:
         emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
         t4 = time.perf_counter()
 
-        controller.observe(k, len(draft), verdict.num_accepted, draft_s, score_s if step.alone else None, step.catch_up)
+        controller.observe(k, len(draft), verdict.num_accepted, draft_s, score_s if step.alone else None, step.catch_up, step.draft_class)
         stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
         stats.draft_s += draft_s
         stats.score_s += score_s
@@ -183,7 +189,9 @@ class Generation:
             stats.ttft_s = t4 - self._start_time
         if self.recorder is not None:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
-            self.recorder.step(_step_record(self._step, step.position, k, draft, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup))
+            self.recorder.step(
+                _step_record(self._step, step, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup)
+            )
         self._step += 1
         return emitted
 
@@ -274,14 +282,16 @@ class PlannedStep:
     started_at: float
     drafted_at: float
     catch_up: int = 0  # context tokens the proposer processed before drafting (a cold draft's prefill)
+    draft_class: str | None = None  # what the proposer knew of the draft beforehand (Proposer.draft_class)
     alone: bool = True  # the pass runs for this sequence alone (False: inside a batch)
 
     def score(self) -> torch.Tensor:
         return self.sequence.forward(self.tokens, num_logits=len(self.tokens))
 
 
-def _step_record(step, position, k, draft: Draft, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted) -> StepRecord:
+def _step_record(index: int, step: PlannedStep, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted) -> StepRecord:
     """Everything a reader needs to see why the step went as it did."""
+    draft = step.draft
     drafted = [
         DraftedToken(t, None if draft.probs is None else float(draft.probs[i, t]), float(p[i, t]))
         for i, t in enumerate(draft.tokens)
@@ -305,6 +315,6 @@ def _step_record(step, position, k, draft: Draft, logits, p, verdict: Verdict, e
         }
     kind = "plain" if not len(draft) else ("bonus" if verdict.bonus else "recovered")
     return StepRecord(
-        step=step, position=position, k=k, drafted=drafted, accepted=n, next_token=verdict.next_token,
+        step=index, position=step.position, k=step.k, draft_class=step.draft_class, drafted=drafted, accepted=n, next_token=verdict.next_token,
         next_kind=kind, next_p=float(p[n, verdict.next_token]), rejection=rejection, emitted=list(emitted), timings=timings, predicted_speedup=predicted,
     )

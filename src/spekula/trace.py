@@ -117,6 +117,7 @@ class StepRecord:
     step: int
     position: int  # committed tokens before the step
     k: int  # draft length asked for
+    draft_class: str | None  # what the proposer knew of its draft beforehand (e.g. "4-gram"; None: nothing)
     drafted: list[DraftedToken]
     accepted: int
     next_token: int

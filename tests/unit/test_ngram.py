@@ -1,4 +1,5 @@
 from spekula.config import SamplingParams
+from spekula.control import NO_DRAFT
 from spekula.proposers.ngram import NgramProposer
 
 
@@ -32,3 +33,15 @@ def test_incremental_index_matches_fresh_one():
     for end in range(2, len(context) + 1):
         got = p.propose(context[:end], 3, SamplingParams(), None).tokens
         assert got == NgramProposer(3, 1).propose(context[:end], 3, SamplingParams(), None).tokens
+
+
+def test_draft_class_is_the_matched_length():
+    p = NgramProposer(4, 1)
+    assert p.draft_class([5, 1, 2, 3, 4, 9, 1, 2, 3, 4]) == "4-gram"
+    assert p.draft_class([5, 1, 2, 3, 4, 9, 7, 2, 3, 4, 0, 6, 3, 4]) == "2-gram"
+    assert p.draft_class([1, 2, 3]) == NO_DRAFT  # nothing seen before: nothing to draft
+    # the class says what propose() would do: a draft exactly when there is a match
+    context = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    for end in range(1, len(context) + 1):
+        has_draft = bool(NgramProposer(4, 1).propose(context[:end], 3, SamplingParams(), None).tokens)
+        assert (p.draft_class(context[:end]) != NO_DRAFT) == has_draft

@@ -39,3 +39,18 @@ def test_an_output_the_prompt_never_predicts_costs_plain_passes(replay):
     assert passes == 4 and seconds == pytest.approx(4.0)
     seconds, passes = replay(prompt, output, AdaptiveK(costs()), costs(), 4, 1)
     assert passes == 4 and seconds == pytest.approx(4.0)
+
+
+def test_acceptance_is_counted_by_draft_class_and_position():
+    spec = importlib.util.spec_from_file_location("ngram_replay", SCRIPTS / "ngram_replay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    prompt = [7, 1, 2, 3, 4, 5, 6, 7]
+    output = [1, 2, 9]  # copies the prompt after its 1-token match on 7, then leaves it
+    counts: dict = {}
+    module.acceptance_by_class(prompt, output, 8, 4, 1, counts)
+    # position 0: "1-gram" (7) drafts 1, 2, 3: two accepted, the third reached and rejected;
+    # position 1: "2-gram" (7, 1) drafts 2, 3: one accepted, then rejected; position 2: "3-gram" drafts 3: rejected.
+    assert counts["1-gram"][:3] == [[1, 1], [1, 1], [0, 1]]
+    assert counts["2-gram"][:2] == [[1, 1], [0, 1]]
+    assert counts["3-gram"][0] == [0, 1]

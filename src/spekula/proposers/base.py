@@ -35,6 +35,12 @@ class Proposer(ABC):
     def observe(self, context: list[int], verdict: Verdict) -> None:
         """Called after each step with the new committed context. Default: nothing to learn."""
 
+    def draft_class(self, context: list[int]) -> str | None:
+        """What the proposer knows, before drafting, of how promising its next draft is: a label
+        under which the controller learns acceptance apart (n-gram lookup: the matched length,
+        "4-gram" ... "1-gram"; control.NO_DRAFT: nothing to offer). Default None: no such knowledge."""
+        return None
+
     def catch_up(self, context: list[int]) -> int:
         """Tokens of `context` the proposer would have to process before it can draft (a draft model
         that has not seen the prompt yet). Default: none."""
