@@ -119,7 +119,7 @@ class CostModel:
         rates = self.acceptance.setdefault(draft_class, [None] * POSITIONS)
         for i in range(num_accepted + rejected):
             j = min(i, POSITIONS - 1)
-            old = rates[j] if rates[j] is not None else self.prior_acceptance(draft_class)[j]
+            old = rates[j] if rates[j] is not None else self.prior_acceptance(draft_class)[j]  # as updated so far
             rates[j] = (1 - CLASS_EMA) * old + CLASS_EMA * (i < num_accepted)
         self.alpha = (1 - EMA) * self.alpha + EMA * num_accepted / (num_accepted + rejected)
 
@@ -225,14 +225,13 @@ class AdaptiveK(Controller):
     min_probe_gain: float = 1.2  # probe only where perfect acceptance would beat plain decoding by this much
     prior_weight: float = 2.0  # pseudo-observations of the engine-wide rates, against this request's own
     decay: float = 0.9  # older steps count less: acceptance drifts with the text
-    _accepted: float = 0.0  # decayed counts over all draft classes
+    # This request's accepted draft tokens and rejected drafts, and how many of each the engine-wide
+    # rates expected (decayed sums over every class and position): how much likelier than usual
+    # its drafts pass.
+    _accepted: float = 0.0
     _rejected: float = 0.0
-    # This request's draft tokens that passed / failed, and how many the engine-wide rates expected
-    # (decayed sums over every class and position): how much likelier than usual its drafts pass.
-    _passed: float = 0.0
-    _failed: float = 0.0
-    _expected_passed: float = 0.0
-    _expected_failed: float = 0.0
+    _expected_accepted: float = 0.0
+    _expected_rejected: float = 0.0
     _plain_steps: int = 0
     _probe_gap: int = 0
     _k_cap: int | None = None  # slow start: the longest draft this request may risk yet (None: not set)
@@ -250,7 +249,7 @@ class AdaptiveK(Controller):
         match far more often than a chat reply does), and one factor for all of a request's
         classes learns that from every draft it has verified, whichever class they were."""
         w = self.prior_weight
-        odds = ((self._passed + w) / (self._expected_passed + w)) / ((self._failed + w) / (self._expected_failed + w))
+        odds = ((self._accepted + w) / (self._expected_accepted + w)) / ((self._rejected + w) / (self._expected_rejected + w))
         return [p * odds / (1.0 - p + p * odds) for p in self.costs.prior_acceptance(draft_class)]
 
     def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
@@ -292,7 +291,7 @@ class AdaptiveK(Controller):
         """Plain steps before a probe: probe_every, or more where a probe's wider pass is dear. A
         probe that finds nothing costs T(2) + T_draft - T(1); one every g plain steps costs that
         over g T(1), which probe_budget bounds. (Packed fp32: 3-10% of a pass, so every 8 steps;
-        transformers' fp32: a whole pass, so every ~50; llama.cpp Q4: ~45%, so every ~22.)"""
+        transformers' fp32: a whole pass, so every ~52; llama.cpp Q4: ~45%, so every ~23.)"""
         c = self.costs
         extra = c.target_cost(2) + c.draft_s_per_token - c.target_cost(1)
         return max(self.probe_every, math.ceil(extra / (self.probe_budget * c.target_cost(1))))
@@ -335,11 +334,10 @@ class AdaptiveK(Controller):
             rejected = 1.0 if num_accepted < num_drafted else 0.0
             if not rejected:
                 self._k_cap = min(2 * self.k_cap, self.k_max)
+            prior = self.costs.prior_acceptance(draft_class)
+            tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
             self._accepted = self.decay * self._accepted + num_accepted
             self._rejected = self.decay * self._rejected + rejected
-            prior = self.costs.prior_acceptance(draft_class)
-            self._passed, self._failed = self.decay * self._passed + num_accepted, self.decay * self._failed + rejected
-            tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
-            self._expected_passed = self.decay * self._expected_passed + sum(tried)
-            self._expected_failed = self.decay * self._expected_failed + sum(1.0 - p for p in tried)
+            self._expected_accepted = self.decay * self._expected_accepted + sum(tried)
+            self._expected_rejected = self.decay * self._expected_rejected + sum(1.0 - p for p in tried)
             self.costs.observe_acceptance(num_drafted, num_accepted, draft_class)
