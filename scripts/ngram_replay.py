@@ -31,7 +31,7 @@ def replay(
     prompt: list[int], output: list[int], controller, costs: CostModel, ngram_max: int, ngram_min: int, classes: bool = True,
 ) -> tuple[float, int]:
     """(decode seconds, target passes) of n-gram speculation that produces `output` after `prompt`.
-    classes False: one alpha for every match length (the controller before draft classes)."""
+    classes False: every match in one draft class (acceptance is still learnt by draft position)."""
     proposer = NgramProposer(ngram_max, ngram_min)
     pos, seconds, passes = 0, 0.0, 0
     while pos < len(output):
@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--k", default="auto,8", help="comma-separated: auto and/or fixed k values")
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--ngram-min", type=int, default=1)
-    ap.add_argument("--one-alpha", action="store_true", help="learn one acceptance rate for every match length, not one per length")
+    ap.add_argument("--one-class", action="store_true", help="every match in one draft class, not one class per matched length")
     args = ap.parse_args()
 
     if not args.by_class and not args.costs:
@@ -108,7 +108,7 @@ def main() -> int:
         cells = []
         for p in policies:
             controller = AdaptiveK(costs) if p == "auto" else FixedK(int(p))
-            seconds, passes = replay(prompt, r["token_ids"], controller, costs, args.ngram_max, args.ngram_min, not args.one_alpha)
+            seconds, passes = replay(prompt, r["token_ids"], controller, costs, args.ngram_max, args.ngram_min, not args.one_class)
             speedup = len(r["token_ids"]) * table[1] / seconds
             speedups[p].setdefault(r["category"], []).append(speedup)
             cells.append(f"{len(r['token_ids']) / passes:.2f}, {speedup:.2f}x")
