@@ -4,7 +4,9 @@ Whole-request speedup is what `spekula bench` reports (output tokens per second,
 Decode-only speedup leaves the prefill out: output tokens / (total_s - prefill_s), against plain
 decoding's on the same prompt. Prefill is the same work in every configuration without a draft
 model, and on slow prefills (llama.cpp, bf16 on this CPU) its jitter moves whole-request ratios
-by more than speculation does. Also printed: the steps by k over all requests of a configuration,
+by more than speculation does. (`spekula bench` reports decode-only speedups itself since it
+recorded `decode_speedup`; this script computes them from the stats, for result files of any age.)
+Also printed: the steps by k over all requests of a configuration,
 and each prompt's prefill seconds per configuration with the largest spread.
 
     .venv/bin/python scripts/decode_ratios.py docs/benchmarks/llamacpp-classes/results.json
@@ -15,9 +17,11 @@ import json
 import statistics
 from collections import Counter
 
+from spekula import trace
+
 
 def decode_tokens_per_s(stats: dict) -> float:
-    return stats["output_tokens"] / (stats["total_s"] - stats["prefill_s"])
+    return trace.decode_tokens_per_s(stats["output_tokens"], stats["total_s"], stats["prefill_s"])
 
 
 def ratios(result: dict) -> dict[str, dict[str, dict[str, list[float]]]]:

@@ -6,6 +6,9 @@ Derived numbers live here and only here, so the CLI, traces, the server and repo
   bonus tokens included; a pass with no draft counts, so plain decoding has τ = 1);
 - tokens_per_s: output tokens / wall time from the request's start (prefill included), the same
   definition for plain and speculative runs;
+- decode_tokens_per_s: output tokens / (wall time - prefill time), the speed of decoding alone.
+  Prefill is the same work in every configuration without a draft model, and where it is slow
+  (llama.cpp, bf16 on a CPU) its jitter moves tokens_per_s by more than speculation does;
 - ttft_s: time from the request's start to its first output token;
 - predicted_speedup: the controller's mean prediction over the request's steps (--k auto);
 - measured_speedup: output tokens per second of decoding (draft + score + accept + advance)
@@ -78,6 +81,11 @@ class RequestStats:
         return self.output_tokens / self.total_s if self.total_s > 0 else None
 
     @property
+    def decode_tokens_per_s(self) -> float | None:
+        """None where the prefill was not timed apart (a request measured through an endpoint)."""
+        return decode_tokens_per_s(self.output_tokens, self.total_s, self.prefill_s)
+
+    @property
     def predicted_speedup(self) -> float | None:
         return self.predicted_speedup_sum / self.predicted_steps if self.predicted_steps else None
 
@@ -95,12 +103,20 @@ class RequestStats:
             alpha=self.alpha,
             tau=self.tau,
             tokens_per_s=self.tokens_per_s,
+            decode_tokens_per_s=self.decode_tokens_per_s,
             acceptance_by_position=self.acceptance_by_position,
             predicted_speedup=self.predicted_speedup,
             measured_speedup=self.measured_speedup,
         )
         del d["predicted_speedup_sum"], d["predicted_steps"]
         return d
+
+
+def decode_tokens_per_s(output_tokens: int, total_s: float, prefill_s: float) -> float | None:
+    """Output tokens per second after the prefill (RequestStats.decode_tokens_per_s, and the same
+    number from a results.json's stats)."""
+    decode_s = total_s - prefill_s
+    return output_tokens / decode_s if prefill_s > 0 and decode_s > 0 else None
 
 
 @dataclass

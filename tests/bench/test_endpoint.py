@@ -51,7 +51,9 @@ def test_bench_two_endpoints_side_by_side(servers, unseen_workload, tmp_path, ca
     base = {(r["prompt_id"], r["repeat"]): r for r in reqs if r["config"] == "baseline"}
     for r in reqs:
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base[(r["prompt_id"], r["repeat"])]["tokens_per_s"])
+        assert r["decode_speedup"] is None  # an endpoint's prefill is not timed apart: no decode-only ratio is invented
     over = result["summary"]["endpoint"]["overall"]
+    assert over["decode_speedup"]["n"] == 0 and over["steps_by_k"] == {}
     assert over["throughput_tokens_per_s"] > 0 and over["output_tokens"] == sum(r["stats"]["output_tokens"] for r in reqs if r["config"] == "endpoint")
     assert result["manifest"]["models"][0]["name"] == "fake-model" and result["manifest"]["config"]["load"]["concurrency"] == 2
     assert "data:image/png;base64," in open(line["report"]).read()

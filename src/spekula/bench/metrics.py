@@ -9,6 +9,7 @@ are therefore the properties trace.py defines, never re-derived here. What this 
 - speedup: per prompt, tokens_per_s of the configuration / tokens_per_s of plain decoding on the
   same prompt in the same repeat (the ratio `spekula generate --compare` prints), then summarised
   by median and spread across prompts;
+- decode_speedup: the same ratio of decode_tokens_per_s (prefill left out), for in-process runs;
 - latency percentiles, wasted drafted tokens (drafted - accepted), CPU-seconds per 1,000 output
   tokens, peak resident memory, and how many greedy outputs equal plain decoding's.
 """
@@ -44,6 +45,7 @@ class RequestResult:
     error: str | None = None
     token_count_source: str = "engine"  # engine | usage (server-reported) | chunks (stream chunks counted)
     speedup: float | None = None  # tokens_per_s / plain's on the same prompt and repeat
+    decode_speedup: float | None = None  # decode_tokens_per_s / plain's (None when prefill is not timed apart)
     identical: bool | None = None  # greedy only: output equals plain decoding's
 
     @property
@@ -76,6 +78,7 @@ class RequestResult:
             "cpu_s": self.cpu_s,
             "peak_rss_bytes": self.peak_rss_bytes,
             "speedup": self.speedup,
+            "decode_speedup": self.decode_speedup,
             "identical": self.identical,
             "stats": self.stats.to_dict(),
         }
@@ -138,7 +141,7 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def attach_comparisons(results: list[RequestResult], baseline: str, greedy: bool) -> None:
-    """Fill `speedup` (and, when greedy, `identical`) of every result against the baseline's run of the
+    """Fill `speedup`, `decode_speedup` (and, when greedy, `identical`) of every result against the baseline's run of the
     same prompt in the same repeat."""
     base = {(r.prompt_id, r.repeat): r for r in results if r.config == baseline and r.ok}
     for r in results:
@@ -146,6 +149,7 @@ def attach_comparisons(results: list[RequestResult], baseline: str, greedy: bool
         if b is None or not r.ok:
             continue
         r.speedup = ratio(r.tokens_per_s, b.tokens_per_s)
+        r.decode_speedup = ratio(r.stats.decode_tokens_per_s, b.stats.decode_tokens_per_s)
         if greedy:
             r.identical = (r.token_ids == b.token_ids) if r.token_ids is not None and b.token_ids is not None else (r.text == b.text)
 
@@ -173,6 +177,7 @@ def summarise(results: list[RequestResult], wall_s: float | None = None) -> dict
         "throughput_tokens_per_s": throughput,  # output tokens / wall time (differs only under concurrency)
         "tokens_per_s_per_request": percentiles([r.tokens_per_s for r in ok]),
         "speedup": spread([r.speedup for r in ok]),
+        "decode_speedup": spread([r.decode_speedup for r in ok]),
         "ttft_s": percentiles([r.stats.ttft_s for r in ok]),
         "tpot_s": percentiles([r.tpot_s for r in ok]),
         "latency_s": percentiles([r.stats.total_s for r in ok]),
@@ -189,6 +194,7 @@ def summarise(results: list[RequestResult], wall_s: float | None = None) -> dict
         "compared_to_plain": len(identical) if identical else None,
         "cpu_s_per_1k_tokens": 1000.0 * sum(cpu) / merged.output_tokens if cpu and merged.output_tokens else None,
         "peak_rss_bytes": max(rss) if rss else None,
+        "steps_by_k": dict(sorted(merged.k_chosen.items())),
         "stage_s": {"prefill": merged.prefill_s, "draft": merged.draft_s, "score": merged.score_s, "accept": merged.accept_s, "advance": merged.advance_s},
     }
 

@@ -50,27 +50,27 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
         f"max_tokens <= {result['max_tokens'] if result.get('max_tokens') else 'per prompt'}, {result.get('repeats', 1)} repeat(s); "
         f"baseline: {baseline}.",
         "",
-        "| configuration | tok/s | speedup median [p10, p90] | α | τ | TTFT p50 (s) | TPOT p50 (ms) | latency p50 / p90 / p99 (s) | wasted drafts | identical to baseline | CPU-s / 1k tok | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| configuration | tok/s | speedup median [p10, p90] | decode-only speedup median [p10, p90] | α | τ | TTFT p50 (s) | TPOT p50 (ms) | latency p50 / p90 / p99 (s) | wasted drafts | steps by k | identical to baseline | CPU-s / 1k tok | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in configs:
         o = s[name]["overall"]
         sp = o["speedup"]
         lines.append(
-            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_f(o['alpha'])} | {_f(o['tau'])} | "
+            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_speedup(o.get('decode_speedup', {}))} | {_f(o['alpha'])} | {_f(o['tau'])} | "
             f"{_f(o['ttft_s']['p50'])} | {_f(_ms(o['tpot_s']['p50']))} | "
             f"{_f(o['latency_s']['p50'])} / {_f(o['latency_s']['p90'])} / {_f(o['latency_s']['p99'])} | "
-            f"{_wasted(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | {_mib(o['peak_rss_bytes'])} |"
+            f"{_wasted(o)} | {_steps(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | {_mib(o['peak_rss_bytes'])} |"
         )
     if spec:
         cats = w["categories"]
-        lines += ["", f"{h2} Speedup per category (median per-prompt speedup; α)", "",
+        lines += ["", f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α)", "",
                   "| category | " + " | ".join(spec) + " |", "|---|" + "---|" * len(spec)]
         for cat in cats:
             cells = []
             for name in spec:
                 c = s[name]["categories"].get(cat)
-                cells.append("n/a" if c is None else f"{_f(c['speedup']['median'])}x (α {_f(c['alpha'])})")
+                cells.append("n/a" if c is None else f"{_f(c['speedup']['median'])}x{_decode(c)} (α {_f(c['alpha'])})")
             lines.append(f"| {cat} | " + " | ".join(cells) + " |")
         depth = max((len(s[n]["overall"]["acceptance_by_position"]) for n in spec), default=0)
         if depth:
@@ -92,6 +92,7 @@ def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
         configs[c["name"]] = {
             "tokens_per_s": o["throughput_tokens_per_s"],
             "speedup_median": o["speedup"]["median"],
+            "decode_speedup_median": (o.get("decode_speedup") or {}).get("median"),
             "alpha": o["alpha"],
             "tau": o["tau"],
             "identical": o["identical_to_plain"],
@@ -239,13 +240,13 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
 
 def requests_html(result: dict[str, Any]) -> str:
     """Every request, one row each, in the order they ran."""
-    head = ["#", "prompt", "category", "configuration", "tokens", "tok/s", "speedup", "α", "τ", "TTFT (s)", "TPOT (ms)", "identical", "finish"]
+    head = ["#", "prompt", "category", "configuration", "tokens", "tok/s", "speedup", "decode speedup", "α", "τ", "TTFT (s)", "TPOT (ms)", "identical", "finish"]
     rows = []
     for r in sorted(result["requests"], key=lambda r: (r["repeat"], r["order"])):
         st = r["stats"]
         ident = "" if r["identical"] is None else ("yes" if r["identical"] else "NO")
         cells = [r["order"], r["prompt_id"], r["category"], r["config"], st["output_tokens"], _f(r["tokens_per_s"]),
-                 _f(r["speedup"]), _f(st.get("alpha")), _f(st.get("tau")), _f(r["ttft_s"]), _f(_ms(r["tpot_s"])), ident,
+                 _f(r["speedup"]), _f(r.get("decode_speedup")), _f(st.get("alpha")), _f(st.get("tau")), _f(r["ttft_s"]), _f(_ms(r["tpot_s"])), ident,
                  r["error"] or st.get("finish_reason") or ""]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return (f"<details><summary>Every request ({len(rows)})</summary><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
@@ -310,6 +311,18 @@ def _speedup(sp: dict[str, Any]) -> str:
     if not sp.get("n"):
         return "n/a"
     return f"{_f(sp['median'])}x [{_f(sp['p10'])}, {_f(sp['p90'])}]"
+
+
+def _decode(summary: dict[str, Any]) -> str:
+    """', decode 1.234x' where the prefill was timed apart (in-process runs), else nothing."""
+    sp = summary.get("decode_speedup") or {}
+    return f", decode {_f(sp['median'])}x" if sp.get("n") else ""
+
+
+def _steps(o: dict[str, Any]) -> str:
+    """'0: 115, 1: 13': target passes by the k chosen for them ('n/a' for endpoints, which do not say)."""
+    steps = o.get("steps_by_k") or {}
+    return ", ".join(f"{k}: {n}" for k, n in steps.items()) or "n/a"
 
 
 def _wasted(o: dict[str, Any]) -> str:
