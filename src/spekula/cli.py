@@ -26,6 +26,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_k_value, default=None, help="tokens drafted per step: a number (0 = plain decoding) or 'auto' (default: the cost model chooses)")
     p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
     p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
+    p.add_argument(
+        "--draft-confidence", type=float, default=None, metavar="P",
+        help="a draft model stops its draft at the first token it gives probability < P (like transformers' "
+             "assistant_confidence_threshold; default: off, the controller's k only)",
+    )
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
     p.add_argument("--backend", default=DEFAULT_RUNTIME, help=f"how the target runs: native | transformers | llamacpp (default {DEFAULT_RUNTIME})")
@@ -45,7 +50,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
-    return SpecConfig(k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+    return SpecConfig(k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_confidence=args.draft_confidence)
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

@@ -55,6 +55,9 @@ class SpecConfig:
     k_max: int = 8  # upper bound for the controller when k is None
     ngram_max: int = 4  # n-gram prompt lookup: longest suffix to match
     ngram_min: int = 1  # ... and the shortest
+    # A draft model stops its draft at the first token it gives less than this probability (that
+    # token is still verified); None = always draft k. transformers' assistant_confidence_threshold.
+    draft_confidence: float | None = None
 
     def __post_init__(self) -> None:
         if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
@@ -69,6 +72,9 @@ class SpecConfig:
             raise ConfigError(
                 f"ngram_max must be an integer >= ngram_min ({self.ngram_min}), got {self.ngram_max!r}"
             )
+        c = self.draft_confidence
+        if c is not None and (not isinstance(c, (int, float)) or isinstance(c, bool) or not 0.0 < c < 1.0):
+            raise ConfigError(f"draft_confidence must be a probability strictly between 0 and 1 (e.g. 0.4), got {c!r}")
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,11 @@ def test_numbers_agree_with_each_other_and_the_engine(bench_run):
         # speedup is the per-prompt ratio of tokens per second, as `generate --compare` prints it
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain[r["prompt_id"]]["tokens_per_s"])
         assert r["tokens_per_s"] == pytest.approx(r["stats"]["output_tokens"] / r["latency_s"])
+        # decode-only speedup: the same ratio with each request's prefill left out
+        base = plain[r["prompt_id"]]["stats"]
+        decode = r["stats"]["output_tokens"] / (r["latency_s"] - r["stats"]["prefill_s"])
+        assert 0 < r["stats"]["prefill_s"] < r["latency_s"] and r["stats"]["decode_tokens_per_s"] == pytest.approx(decode)
+        assert r["decode_speedup"] == pytest.approx(decode / (base["output_tokens"] / (base["total_s"] - base["prefill_s"])))
         assert r["identical"] is True and r["token_ids"] == plain[r["prompt_id"]]["token_ids"]  # greedy is lossless
         assert r["tpot_s"] == pytest.approx((r["latency_s"] - r["ttft_s"]) / (len(r["token_ids"]) - 1))
         assert r["stats"]["output_tokens"] == len(r["token_ids"])
@@ -85,6 +90,13 @@ def test_numbers_agree_with_each_other_and_the_engine(bench_run):
         assert (o["identical_to_plain"], o["compared_to_plain"]) == (len(items), len(items))
         speedups = sorted(r["speedup"] for r in mine)
         assert speedups[0] <= o["speedup"]["median"] <= speedups[-1]
+        decode = sorted(r["decode_speedup"] for r in mine)
+        assert o["decode_speedup"]["n"] == len(items) and decode[0] <= o["decode_speedup"]["median"] <= decode[-1]
+        steps = {}
+        for r in mine:
+            for k, n in r["stats"]["k_chosen"].items():
+                steps[int(k)] = steps.get(int(k), 0) + n
+        assert o["steps_by_k"] == steps and sum(steps.values()) == passes
         assert o["cpu_s_per_1k_tokens"] > 0 and o["peak_rss_bytes"] > 0
         assert o["latency_s"]["p50"] <= o["latency_s"]["p90"] <= o["latency_s"]["p99"]
         cats = result["summary"][name]["categories"]
@@ -107,6 +119,13 @@ def test_outputs_json_html_markdown_and_render(bench_run):
         assert key in m["machine"]
     assert m["packages"]["torch"] and m["packages"]["spekula"]
     assert "| same k=3 |" in summary and "### Speedup per category" in summary
+    same = saved["summary"]["same k=3"]
+    row = next(line for line in summary.splitlines() if line.startswith("| same k=3 |"))
+    d = same["overall"]["decode_speedup"]
+    assert f"| {d['median']:.3f}x [{d['p10']:.3f}, {d['p90']:.3f}] |" in row  # the decode-only column
+    assert ", ".join(f"{k}: {n}" for k, n in same["overall"]["steps_by_k"].items()) in row
+    chat = next(line for line in summary.splitlines() if line.startswith("| chat |"))
+    assert f"decode {same['categories']['chat']['decode_speedup']['median']:.3f}x" in chat
     html = open(paths["report"]).read()
     assert html.count("data:image/png;base64,") == 4  # speedup per category, acceptance, tau, speedup vs k
     assert "<script" not in html and "src=\"http" not in html  # self-contained
@@ -145,9 +164,16 @@ def test_parse_spec():
     assert parse_spec("draft=ngram,k=5,ngram_max=3,name=lookup", "d", 4) == [SpecChoice("ngram", 5, 3, 1, "lookup")]
     assert [c.name for c in parse_spec("draft=ngram,k=2/3,name=x", "d", 4)] == ["x k=2", "x k=3"]
     assert SpecChoice("/models/my-draft/", 4).name == "my-draft k=4"
-    for bad in ("draft", "colour=red", "k=two", "k=1,k=2", "k=-1", "draft=ngram,ngram_max=x"):
+    for bad in ("draft", "colour=red", "k=two", "k=1,k=2", "k=-1", "draft=ngram,ngram_max=x", "confidence=high", "confidence=1.5"):
         with pytest.raises(ConfigError):
             parse_spec(bad, "d", 4)
+    # a draft model's confidence threshold: from the spec, else from --draft-confidence; never for n-gram lookup
+    (sure,) = parse_spec("k=auto,confidence=0.4", "qwen", None)
+    assert sure.confidence == 0.4 and sure.name == "qwen k=auto conf=0.4" and sure.spec_config().draft_confidence == 0.4
+    assert parse_spec("k=auto", "qwen", None, confidence=0.3)[0].confidence == 0.3
+    assert parse_spec("draft=ngram,k=auto", "qwen", None, confidence=0.3)[0].confidence is None
+    with pytest.raises(ConfigError, match="not a draft model"):
+        parse_spec("draft=ngram,confidence=0.4", "qwen", None)
 
 
 def test_duplicate_configurations_are_refused():

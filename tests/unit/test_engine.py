@@ -165,6 +165,31 @@ def test_trace_records_every_step():
     assert trace.requests[0]["token_ids"] == g.token_ids
 
 
+@pytest.mark.parametrize("draft_seed, scale, confidence, drafted_per_step", [
+    (123, 0.1, 0.5, 1),  # a flat draft (every token ~1/40): each draft stops after its first token
+    (0, 3.0, 1e-6, 4),  # a threshold nothing falls below: every draft is k long
+])
+def test_draft_confidence_stops_at_the_first_unsure_token_and_stays_lossless(draft_seed, scale, confidence, drafted_per_step):
+    t = target()
+    draft = DraftModelFactory(random_table_backend(VOCAB, seed=draft_seed, order=2, scale=scale), confidence=confidence)
+    trace = ListTrace()
+    for prompt in PROMPTS:
+        plain = run(Engine(t), prompt)
+        gen = Engine(t, draft, SpecConfig(k=4, draft_confidence=confidence)).generate(prompt, SamplingParams(), StopConfig(max_tokens=30), trace)
+        spec = gen.run()
+        assert spec.token_ids == plain.token_ids
+    steps = [r for r in trace.steps if r.k == 4]
+    assert steps and all(len(r.drafted) == drafted_per_step for r in steps)  # asked for 4, drafted what the threshold allows
+
+
+def test_draft_confidence_applies_to_draft_models_only():
+    assert build_proposer("ngram", SpecConfig(), target=target()) is not None
+    with pytest.raises(ConfigError, match="has no probabilities to stop on"):
+        build_proposer("ngram", SpecConfig(draft_confidence=0.4), target=target())
+    factory = build_proposer("x", SpecConfig(draft_confidence=0.4), target=target(), load_draft=lambda _: random_table_backend(VOCAB, 1))
+    assert factory.create().confidence == 0.4
+
+
 def test_closing_early_frees_the_caches():
     gen = Engine(target(), proposers()["same-model"], SpecConfig(k=2)).generate(PROMPTS[0], SamplingParams(), StopConfig(max_tokens=50))
     next(iter(gen))
@@ -177,6 +202,7 @@ def test_closing_early_frees_the_caches():
     "make, message",
     [
         (lambda: SpecConfig(k=-1), "k (draft length) must be an integer >= 0"),
+        (lambda: SpecConfig(draft_confidence=1.0), "draft_confidence must be a probability strictly between 0 and 1"),
         (lambda: SamplingParams(top_p=1.5), "top_p must be in (0, 1]"),
         (lambda: SamplingParams(temperature=-1), "temperature must be a number >= 0"),
         (lambda: SamplingParams(top_k=-2), "top_k must be an integer >= 0"),

@@ -13,12 +13,16 @@ the same harness rejects a residual that ignores q, a bonus drawn from q, and ac
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from scipy.stats import chisquare
 
 from spekula.config import SamplingParams
+from spekula.proposers import DraftModelProposer
 from spekula.sampling import probabilities, sample
+from spekula.testing import FunctionBackend
 from spekula.verify import Verdict, _accepted_prefix, verify_sampled
 
 ALPHA = 1e-4
@@ -113,6 +117,39 @@ def test_filtered_distributions(params):
     p = probabilities(torch.randn(T + K, V, generator=g) * 2, params)
     q = probabilities(torch.randn(T + K, V, generator=g) * 2, params)
     assert_target_distribution(simulate(p, q, seed=5), p)
+
+
+def simulate_draft_model(p: torch.Tensor, q: torch.Tensor, confidence: float, *, seed: int, trials: int = TRIALS) -> tuple[torch.Tensor, Counter]:
+    """As simulate, with the draft from a real DraftModelProposer whose model's next-token
+    distribution at output position t is q[t], stopping at its first token with q < confidence:
+    draft lengths depend on the drafted tokens. Returns (counts [T, V], draft lengths seen)."""
+    prompt = [0]
+    logits = q.log()
+    model = FunctionBackend(lambda prefix: logits[len(prefix) - len(prompt)], V)
+    sampling = SamplingParams(temperature=1.0)
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(T, V, dtype=torch.long)
+    lengths: Counter = Counter()
+    for _ in range(trials):
+        proposer = DraftModelProposer(model, confidence)
+        out: list[int] = []
+        while len(out) < T:
+            t = len(out)
+            draft = proposer.propose(prompt + out, K, sampling, g)
+            lengths[len(draft)] += 1
+            verdict = verify_sampled(torch.tensor(draft.tokens), draft.probs, p[t : t + len(draft) + 1], g)
+            out.extend(verdict.emitted(draft.tokens))
+            proposer.observe(prompt + out, verdict)
+        for i, tok in enumerate(out[:T]):
+            counts[i, tok] += 1
+    return counts, lengths
+
+
+def test_a_draft_that_stops_at_its_first_unsure_token_keeps_p():
+    p, q = random_dist(T + K, 11), random_dist(T + K, 12)
+    counts, lengths = simulate_draft_model(p, q, confidence=0.25, seed=6)
+    assert lengths[1] > 0 and lengths[K] > 0  # drafts did stop early, and some ran to K
+    assert_target_distribution(counts, p)
 
 
 # ---- the harness has power: planted bugs are caught -----------------------------------------

@@ -15,7 +15,8 @@ from spekula.cli import add_model_options, add_sampling_options, backend_from_ar
 
 SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram, k=N (k=2/4/8 measures "
-    "several), ngram_max=, ngram_min=, name=LABEL; keys not given take --draft / --k / --ngram-max / --ngram-min. "
+    "several), ngram_max=, ngram_min=, confidence=P (a draft model stops its draft at a token it gives < P), name=LABEL; "
+    "keys not given take --draft / --k / --ngram-max / --ngram-min / --draft-confidence. "
     "Repeatable. Default: one configuration from --draft and --k. draft=none,name=LABEL measures plain decoding "
     "again under LABEL: an A/A control that shows this machine's noise"
 )
@@ -130,10 +131,11 @@ def items_from_args(args: argparse.Namespace, sample: int | None = None, sample_
 
 def choices_from_args(args: argparse.Namespace) -> list:
     from spekula.bench.runner import SpecChoice, parse_spec
+    from spekula.proposers import needs_model
 
     if args.spec:
-        return [c for text in args.spec for c in parse_spec(text, args.draft, args.k, args.ngram_max, args.ngram_min)]
-    return [SpecChoice(args.draft, args.k, args.ngram_max, args.ngram_min)]
+        return [c for text in args.spec for c in parse_spec(text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence)]
+    return [SpecChoice(args.draft, args.k, args.ngram_max, args.ngram_min, confidence=args.draft_confidence if needs_model(args.draft) else None)]
 
 
 def load_contenders(args: argparse.Namespace, choices: list):
@@ -216,6 +218,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from spekula.bench import commands
     from spekula.bench.runner import SpecChoice, parse_k
     from spekula.errors import ConfigError
+    from spekula.proposers import needs_model
 
     items = items_from_args(args, sample=args.sample or None, sample_seed=args.sample_seed)
     if args.spec:
@@ -223,7 +226,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         drafts = [d.strip() for d in args.drafts.split(",") if d.strip()] if args.drafts else list(dict.fromkeys([args.draft, "ngram"]))
         ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
-        choices = [SpecChoice(d, k, args.ngram_max, args.ngram_min) for d in drafts if d != "none" for k in ks if k != 0]
+        choices = [SpecChoice(d, k, args.ngram_max, args.ngram_min, confidence=args.draft_confidence if needs_model(d) else None)
+                   for d in drafts if d != "none" for k in ks if k != 0]
     if not choices:
         raise ConfigError("nothing to sweep: give --drafts and --ks (or --spec)")
     contenders, codec, models = load_contenders(args, choices)

@@ -23,12 +23,12 @@ from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, SpekulaError
 from spekula.pipeline import Pipeline
-from spekula.proposers import NGRAM, NONE, build_proposer
+from spekula.proposers import NGRAM, NONE, build_proposer, needs_model
 from spekula.text import IncrementalDetokenizer
 from spekula.trace import ListTrace
 
 PLAIN = "plain"
-SPEC_KEYS = ("draft", "k", "ngram_max", "ngram_min", "name")
+SPEC_KEYS = ("draft", "k", "ngram_max", "ngram_min", "confidence", "name")
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,12 @@ class SpecChoice:
     ngram_max: int = 4
     ngram_min: int = 1
     label: str | None = None
+    confidence: float | None = None  # a draft model's draft_confidence (SpecConfig)
 
     def __post_init__(self) -> None:
-        SpecConfig(k=self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min)  # validates
+        SpecConfig(k=self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min, draft_confidence=self.confidence)  # validates
+        if self.confidence is not None and not needs_model(self.draft):
+            raise ConfigError(f"confidence= stops a draft model's draft; {self.draft!r} is not a draft model. Drop it from this --spec")
 
     @property
     def plain(self) -> bool:
@@ -60,14 +63,17 @@ class SpecChoice:
             return PLAIN
         short = self.draft.rstrip("/").rsplit("/", 1)[-1]
         extra = f" n={self.ngram_min}-{self.ngram_max}" if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (1, 4) else ""
+        if self.confidence is not None:
+            extra += f" conf={self.confidence:g}"
         return f"{short} k={self.k_text}{extra}"
 
     def spec_config(self) -> SpecConfig:
-        return SpecConfig(k=0 if self.plain else self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min)
+        return SpecConfig(k=0 if self.plain else self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min,
+                          draft_confidence=None if self.plain else self.confidence)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "draft": NONE if self.plain else self.draft, "k": 0 if self.plain else ("auto" if self.k is None else self.k),
-                "ngram_max": self.ngram_max, "ngram_min": self.ngram_min}
+                "ngram_max": self.ngram_max, "ngram_min": self.ngram_min, "draft_confidence": self.confidence}
 
 
 PLAIN_CHOICE = SpecChoice(NONE, 0)
@@ -82,11 +88,14 @@ def parse_k(text: str) -> int | None:
         raise ConfigError(f"k must be an integer >= 0 or 'auto', got {text!r}") from None
 
 
-def parse_spec(text: str, default_draft: str, default_k: int | None, ngram_max: int = 4, ngram_min: int = 1) -> list[SpecChoice]:
+def parse_spec(
+    text: str, default_draft: str, default_k: int | None, ngram_max: int = 4, ngram_min: int = 1, confidence: float | None = None,
+) -> list[SpecChoice]:
     """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
     lets the cost model choose).
 
-    Keys not given take the command's --draft / --k / --ngram-max / --ngram-min."""
+    Keys not given take the command's --draft / --k / --ngram-max / --ngram-min, and
+    --draft-confidence for a draft model."""
     fields: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
@@ -104,11 +113,15 @@ def parse_spec(text: str, default_draft: str, default_k: int | None, ngram_max: 
         nmin = int(fields.get("ngram_min", ngram_min))
     except ValueError:
         raise ConfigError(f"bad --spec {text!r}: ngram_max and ngram_min take integers") from None
+    try:
+        conf = float(fields["confidence"]) if "confidence" in fields else (confidence if needs_model(draft) else None)
+    except ValueError:
+        raise ConfigError(f"bad --spec {text!r}: confidence takes a probability, e.g. confidence=0.4") from None
     label = fields.get("name")
     choices = []
     for k in k_values:
         name = label if label is None or len(k_values) == 1 else f"{label} k={'auto' if k is None else k}"
-        choices.append(SpecChoice(draft, k, nmax, nmin, name))
+        choices.append(SpecChoice(draft, k, nmax, nmin, name, conf))
     return choices
 
 

@@ -36,12 +36,14 @@ def build_proposer(
     if draft in (None, NONE):
         return None
     if draft in MODEL_FREE:
+        if spec.draft_confidence is not None:
+            raise ConfigError(f"draft_confidence stops a draft model's draft; {draft!r} has no probabilities to stop on. Drop it, or choose a draft model")
         return MODEL_FREE[draft](spec)
     if load_draft is None:
         raise ConfigError(f"unknown proposer {draft!r}; choose 'none', {', '.join(repr(n) for n in MODEL_FREE)} or a model")
     backend = load_draft(draft)
     check_same_vocabulary(target, backend)
-    return DraftModelFactory(backend)
+    return DraftModelFactory(backend, confidence=spec.draft_confidence)
 
 
 def check_same_vocabulary(target: Backend, draft: Backend) -> None:

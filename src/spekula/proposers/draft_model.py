@@ -21,10 +21,17 @@ from spekula.verify import Verdict
 
 class DraftModelProposer(Proposer):
     """The draft's sequence (its KV cache) opens at the first proposal: a request that never drafts
-    (k = 0 throughout, e.g. a large batch on a CPU) costs the draft nothing, not even a context."""
+    (k = 0 throughout, e.g. a large batch on a CPU) costs the draft nothing, not even a context.
 
-    def __init__(self, backend: Backend) -> None:
+    confidence: stop drafting after the first token the draft itself gives less than this
+    probability (that token is still proposed; its verification costs one row of a pass, its
+    drafting is already paid). Fewer than k tokens then go to the target. Lossless in both modes:
+    where a draft stops depends only on the draft's own probabilities, and each drafted token is
+    still accepted with min(1, p/q)."""
+
+    def __init__(self, backend: Backend, confidence: float | None = None) -> None:
         self.backend = backend
+        self.confidence = confidence
         self._sequence: Sequence | None = None
 
     @property
@@ -49,6 +56,8 @@ class DraftModelProposer(Proposer):
             token = int(greedy_token(logits) if sampling.greedy else sample(q, generator))
             tokens.append(token)
             probs.append(q)
+            if self.confidence is not None and float(q[token]) < self.confidence:
+                break
             if i + 1 < k:
                 logits = self.sequence.forward([token], num_logits=1)[-1]
         return Draft(tokens, torch.stack(probs))  # q: [k, V]
@@ -79,13 +88,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class DraftModelFactory(ProposerFactory):
     backend: Backend
     name: str = "draft-model"
+    confidence: float | None = None  # see DraftModelProposer
 
     def create(self) -> DraftModelProposer:
-        return DraftModelProposer(self.backend)
+        return DraftModelProposer(self.backend, self.confidence)
 
     @property
     def draft_backend(self) -> Backend:
         return self.backend
 
     def describe(self) -> dict:
-        return {"proposer": self.name, "draft": self.backend.name}
+        return {"proposer": self.name, "draft": self.backend.name, "draft_confidence": self.confidence}
