@@ -79,6 +79,8 @@ def main() -> int:
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--ngram-min", type=int, default=1)
     ap.add_argument("--one-class", action="store_true", help="every match in one draft class, not one class per matched length")
+    ap.add_argument("--prior-weight", type=float, default=AdaptiveK.prior_weight,
+                    help=f"AdaptiveK's prior_weight: how many of a request's own drafts the engine-wide rates count as (default {AdaptiveK.prior_weight})")
     args = ap.parse_args()
 
     if not args.by_class and not args.costs:
@@ -107,7 +109,7 @@ def main() -> int:
         prompt = by_id[r["prompt_id"]].encode(codec, chat=chat)
         cells = []
         for p in policies:
-            controller = AdaptiveK(costs) if p == "auto" else FixedK(int(p))
+            controller = AdaptiveK(costs, prior_weight=args.prior_weight) if p == "auto" else FixedK(int(p))
             seconds, passes = replay(prompt, r["token_ids"], controller, costs, args.ngram_max, args.ngram_min, not args.one_class)
             speedup = len(r["token_ids"]) * table[1] / seconds
             speedups[p].setdefault(r["category"], []).append(speedup)
