@@ -6,8 +6,9 @@ decoding's on the same prompt. Prefill is the same work in every configuration w
 model, and on slow prefills (llama.cpp, bf16 on this CPU) its jitter moves whole-request ratios
 by more than speculation does. (`spekula bench` reports decode-only speedups itself since it
 recorded `decode_speedup`; this script computes them from the stats, for result files of any age.)
-Also printed: the steps by k over all requests of a configuration,
-and each prompt's prefill seconds per configuration with the largest spread.
+Also printed: the steps by k over all requests of a configuration, each category's pooled decode
+speed per configuration (tokens / decode seconds over its requests), and each prompt's prefill
+seconds per configuration with the largest spread.
 
     .venv/bin/python scripts/decode_ratios.py docs/benchmarks/llamacpp-classes/results.json
 """
@@ -39,6 +40,18 @@ def ratios(result: dict) -> dict[str, dict[str, dict[str, list[float]]]]:
     return out
 
 
+def pooled_decode(result: dict) -> dict[str, dict[str, float]]:
+    """category -> config -> output tokens / decode seconds summed over the category's requests
+    (the baseline included): a per-category speed that long requests weigh more in."""
+    sums: dict = {}
+    for r in result["requests"]:
+        if not r["error"]:
+            cell = sums.setdefault(r["category"], {}).setdefault(r["config"], [0, 0.0])
+            cell[0] += r["stats"]["output_tokens"]
+            cell[1] += r["stats"]["total_s"] - r["stats"]["prefill_s"]
+    return {cat: {config: n / s for config, (n, s) in configs.items()} for cat, configs in sums.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a spekula bench results.json")
@@ -55,6 +68,8 @@ def main() -> int:
             if r["config"] == config and not r["error"]:
                 steps.update({int(k): n for k, n in r["stats"]["k_chosen"].items()})
         print(f"all | {len(every[0])} | {statistics.median(every[0]):.3f}x | {statistics.median(every[1]):.3f}x; steps by k {dict(sorted(steps.items()))}\n")
+    for category, configs in pooled_decode(result).items():
+        print(f"pooled decode tok/s, {category}: " + ", ".join(f"{c} {v:.3f}" for c, v in configs.items()))
     prefill: dict[str, list[float]] = {}
     for r in result["requests"]:
         if not r["error"]:

@@ -43,11 +43,18 @@ def main() -> int:
             trace = ListTrace()
             engine.generate(ids, SamplingParams(), StopConfig(max_tokens=args.max_tokens), trace).run()
             by_width = defaultdict(list)
+            by_class = defaultdict(lambda: [0, 0, 0])  # draft class -> [drafts, drafted tokens, accepted]
             for step in trace.steps:
                 by_width[len(step.drafted) + 1].append(step.timings["score"])
+                if step.drafted:
+                    counts = by_class[step.draft_class]
+                    counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + len(step.drafted), counts[2] + step.accepted
             widths = ", ".join(f"{w}: {1000 * statistics.median(v):.0f} ms (x{len(v)})" for w, v in sorted(by_width.items()))
             total = sum(sum(v) for v in by_width.values())
             print(f"repeat {repeat} {name}: target passes by width {widths}; target time {total:.2f} s", flush=True)
+            if by_class:
+                print("  drafts by class (drafts, tokens drafted, accepted): "
+                      + ", ".join(f"{c}: {d[0]}, {d[1]}, {d[2]}" for c, d in sorted(by_class.items(), key=lambda i: str(i[0]))))
     return 0
 
 

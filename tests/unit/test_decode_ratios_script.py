@@ -28,3 +28,6 @@ def test_decode_only_ratio_leaves_the_prefill_out():
     cell = module.ratios(result)["ngram"]["chat"]
     assert cell["whole"] == [0.8]
     assert cell["decode"] == [pytest.approx(1.25)]
+    result["requests"].append(request("plain", "chat-02", 1.0, 30, 21.0, 1.0))  # 30 tokens in 20 s
+    pooled = module.pooled_decode(result)["chat"]
+    assert pooled["plain"] == pytest.approx(40 / 30) and pooled["ngram"] == pytest.approx(10 / 8)

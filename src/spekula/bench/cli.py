@@ -130,12 +130,11 @@ def items_from_args(args: argparse.Namespace, sample: int | None = None, sample_
 
 
 def choices_from_args(args: argparse.Namespace) -> list:
-    from spekula.bench.runner import SpecChoice, parse_spec
-    from spekula.proposers import needs_model
+    from spekula.bench.runner import choice_with_defaults, parse_spec
 
     if args.spec:
         return [c for text in args.spec for c in parse_spec(text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence)]
-    return [SpecChoice(args.draft, args.k, args.ngram_max, args.ngram_min, confidence=args.draft_confidence if needs_model(args.draft) else None)]
+    return [choice_with_defaults(args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence)]
 
 
 def load_contenders(args: argparse.Namespace, choices: list):
@@ -216,9 +215,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from spekula.bench import commands
-    from spekula.bench.runner import SpecChoice, parse_k
+    from spekula.bench.runner import choice_with_defaults, parse_k
     from spekula.errors import ConfigError
-    from spekula.proposers import needs_model
 
     items = items_from_args(args, sample=args.sample or None, sample_seed=args.sample_seed)
     if args.spec:
@@ -226,8 +224,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         drafts = [d.strip() for d in args.drafts.split(",") if d.strip()] if args.drafts else list(dict.fromkeys([args.draft, "ngram"]))
         ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
-        choices = [SpecChoice(d, k, args.ngram_max, args.ngram_min, confidence=args.draft_confidence if needs_model(d) else None)
-                   for d in drafts if d != "none" for k in ks if k != 0]
+        choices = [choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence) for d in drafts if d != "none" for k in ks if k != 0]
     if not choices:
         raise ConfigError("nothing to sweep: give --drafts and --ks (or --spec)")
     contenders, codec, models = load_contenders(args, choices)

@@ -79,6 +79,13 @@ class SpecChoice:
 PLAIN_CHOICE = SpecChoice(NONE, 0)
 
 
+def choice_with_defaults(draft: str, k: int | None, ngram_max: int = 4, ngram_min: int = 1, confidence: float | None = None,
+                         label: str | None = None) -> SpecChoice:
+    """A SpecChoice from a command's defaults: --draft-confidence applies to draft models only, so it
+    is dropped for n-gram lookup or plain decoding rather than refused."""
+    return SpecChoice(draft, k, ngram_max, ngram_min, label, confidence if needs_model(draft) else None)
+
+
 def parse_k(text: str) -> int | None:
     if text.strip() == "auto":
         return None
@@ -114,14 +121,17 @@ def parse_spec(
     except ValueError:
         raise ConfigError(f"bad --spec {text!r}: ngram_max and ngram_min take integers") from None
     try:
-        conf = float(fields["confidence"]) if "confidence" in fields else (confidence if needs_model(draft) else None)
+        conf = float(fields["confidence"]) if "confidence" in fields else None
     except ValueError:
         raise ConfigError(f"bad --spec {text!r}: confidence takes a probability, e.g. confidence=0.4") from None
     label = fields.get("name")
     choices = []
     for k in k_values:
         name = label if label is None or len(k_values) == 1 else f"{label} k={'auto' if k is None else k}"
-        choices.append(SpecChoice(draft, k, nmax, nmin, name, conf))
+        if conf is None:
+            choices.append(choice_with_defaults(draft, k, nmax, nmin, confidence, name))
+        else:
+            choices.append(SpecChoice(draft, k, nmax, nmin, name, conf))
     return choices
 
 

@@ -37,7 +37,7 @@ def build_proposer(
         return None
     if draft in MODEL_FREE:
         if spec.draft_confidence is not None:
-            raise ConfigError(f"draft_confidence stops a draft model's draft; {draft!r} has no probabilities to stop on. Drop it, or choose a draft model")
+            raise ConfigError(f"draft_confidence stops a draft model's draft; {draft!r} has no probabilities to stop on. Drop --draft-confidence (confidence= in a --spec), or choose a draft model")
         return MODEL_FREE[draft](spec)
     if load_draft is None:
         raise ConfigError(f"unknown proposer {draft!r}; choose 'none', {', '.join(repr(n) for n in MODEL_FREE)} or a model")
