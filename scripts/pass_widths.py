@@ -48,7 +48,9 @@ def main() -> int:
                 by_width[len(step.drafted) + 1].append(step.timings["score"])
                 if step.drafted:
                     counts = by_class[step.draft_class]
-                    counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + len(step.drafted), counts[2] + step.accepted
+                    counts[0] += 1
+                    counts[1] += len(step.drafted)
+                    counts[2] += step.accepted
             widths = ", ".join(f"{w}: {1000 * statistics.median(v):.0f} ms (x{len(v)})" for w, v in sorted(by_width.items()))
             total = sum(sum(v) for v in by_width.values())
             print(f"repeat {repeat} {name}: target passes by width {widths}; target time {total:.2f} s", flush=True)

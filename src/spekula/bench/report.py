@@ -57,7 +57,7 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
         o = s[name]["overall"]
         sp = o["speedup"]
         lines.append(
-            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_speedup(o.get('decode_speedup', {}))} | {_f(o['alpha'])} | {_f(o['tau'])} | "
+            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_speedup(o['decode_speedup'])} | {_f(o['alpha'])} | {_f(o['tau'])} | "
             f"{_f(o['ttft_s']['p50'])} | {_f(_ms(o['tpot_s']['p50']))} | "
             f"{_f(o['latency_s']['p50'])} / {_f(o['latency_s']['p90'])} / {_f(o['latency_s']['p99'])} | "
             f"{_wasted(o)} | {_steps(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | {_mib(o['peak_rss_bytes'])} |"
@@ -92,7 +92,7 @@ def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
         configs[c["name"]] = {
             "tokens_per_s": o["throughput_tokens_per_s"],
             "speedup_median": o["speedup"]["median"],
-            "decode_speedup_median": (o.get("decode_speedup") or {}).get("median"),
+            "decode_speedup_median": o["decode_speedup"]["median"],
             "alpha": o["alpha"],
             "tau": o["tau"],
             "identical": o["identical_to_plain"],
@@ -246,7 +246,7 @@ def requests_html(result: dict[str, Any]) -> str:
         st = r["stats"]
         ident = "" if r["identical"] is None else ("yes" if r["identical"] else "NO")
         cells = [r["order"], r["prompt_id"], r["category"], r["config"], st["output_tokens"], _f(r["tokens_per_s"]),
-                 _f(r["speedup"]), _f(r.get("decode_speedup")), _f(st.get("alpha")), _f(st.get("tau")), _f(r["ttft_s"]), _f(_ms(r["tpot_s"])), ident,
+                 _f(r["speedup"]), _f(r["decode_speedup"]), _f(st.get("alpha")), _f(st.get("tau")), _f(r["ttft_s"]), _f(_ms(r["tpot_s"])), ident,
                  r["error"] or st.get("finish_reason") or ""]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return (f"<details><summary>Every request ({len(rows)})</summary><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
@@ -315,14 +315,13 @@ def _speedup(sp: dict[str, Any]) -> str:
 
 def _decode(summary: dict[str, Any]) -> str:
     """', decode 1.234x' where the prefill was timed apart (in-process runs), else nothing."""
-    sp = summary.get("decode_speedup") or {}
-    return f", decode {_f(sp['median'])}x" if sp.get("n") else ""
+    sp = summary["decode_speedup"]
+    return f", decode {_f(sp['median'])}x" if sp["n"] else ""
 
 
 def _steps(o: dict[str, Any]) -> str:
     """'0: 115, 1: 13': target passes by the k chosen for them ('n/a' for endpoints, which do not say)."""
-    steps = o.get("steps_by_k") or {}
-    return ", ".join(f"{k}: {n}" for k, n in steps.items()) or "n/a"
+    return ", ".join(f"{k}: {n}" for k, n in o["steps_by_k"].items()) or "n/a"
 
 
 def _wasted(o: dict[str, Any]) -> str:
