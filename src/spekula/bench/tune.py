@@ -16,7 +16,7 @@ from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice
 from spekula.config import SamplingParams
 
 # The keys `spekula generate --config FILE` reads: generate's option names with underscores.
-CONFIG_KEYS = ("target", "draft", "k", "dtype", "temperature", "top_p", "top_k", "min_p", "ngram_max", "ngram_min")
+CONFIG_KEYS = ("target", "draft", "k", "dtype", "temperature", "top_p", "top_k", "min_p", "ngram_max", "ngram_min", "draft_confidence")
 
 
 def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, Any]]:
@@ -75,6 +75,7 @@ def tuned_config(choice: SpecChoice, target: str, dtype: str, sampling: Sampling
         "min_p": sampling.min_p,
         "ngram_max": d["ngram_max"],
         "ngram_min": d["ngram_min"],
+        "draft_confidence": d["draft_confidence"],  # what the recommended configuration was measured with
     }
 
 
