@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("--one-class", action="store_true", help="every match in one draft class, not one class per matched length")
     ap.add_argument("--prior-weight", type=float, default=AdaptiveK.prior_weight,
                     help=f"AdaptiveK's prior_weight: how many of a request's own drafts the engine-wide rates count as (default {AdaptiveK.prior_weight})")
+    ap.add_argument("--k-max", type=int, default=AdaptiveK.k_max, help=f"k=auto's longest draft (default {AdaptiveK.k_max})")
     args = ap.parse_args()
 
     if not args.by_class and not args.costs:
@@ -109,7 +110,7 @@ def main() -> int:
         prompt = by_id[r["prompt_id"]].encode(codec, chat=chat)
         cells = []
         for p in policies:
-            controller = AdaptiveK(costs, prior_weight=args.prior_weight) if p == "auto" else FixedK(int(p))
+            controller = AdaptiveK(costs, k_max=args.k_max, prior_weight=args.prior_weight) if p == "auto" else FixedK(int(p))
             seconds, passes = replay(prompt, r["token_ids"], controller, costs, args.ngram_max, args.ngram_min, not args.one_class)
             speedup = len(r["token_ids"]) * table[1] / seconds
             speedups[p].setdefault(r["category"], []).append(speedup)

@@ -1,7 +1,7 @@
-"""Seconds per forward pass of S tokens (S = 1, 2, 5, 9) after a context of --context tokens, per
-model: the median of --repeats timed passes, each after one untimed warm-up pass.
+"""Seconds per forward pass of S tokens (S = 1, 2, 5, 9 unless --widths) after a context of --context
+tokens, per model: the median of --repeats timed passes, each after one untimed warm-up pass.
 
-    .venv/bin/python scripts/pass_costs.py --dtype float32 [--runtime native|llamacpp] [--context 450]
+    .venv/bin/python scripts/pass_costs.py --dtype float32 [--runtime native|llamacpp] [--context 450] [--widths 1,9,17,33]
 """
 
 import argparse
@@ -17,6 +17,7 @@ ap.add_argument("--threads", type=int, default=None)
 ap.add_argument("--runtime", default="transformers", help="transformers, native or llamacpp")
 ap.add_argument("--context", type=int, default=60, help="tokens in the cache before the timed pass")
 ap.add_argument("--repeats", type=int, default=1)
+ap.add_argument("--widths", default="1,2,5,9", help="comma-separated block widths S to time")
 ap.add_argument("models", nargs="*", default=["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
 args = ap.parse_args()
 for name in args.models:
@@ -26,7 +27,7 @@ for name in args.models:
     seq.forward(ids, num_logits=1)
     seq.forward([5])  # warm-up
     seq.truncate(len(ids))
-    for n in (1, 2, 5, 9):
+    for n in [int(w) for w in args.widths.split(",")]:
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()

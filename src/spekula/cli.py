@@ -8,7 +8,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
-from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.errors import ConfigError, SpekulaError
 
 DEFAULT_PROMPT = (
@@ -24,6 +24,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: catalogue name, HF directory or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"proposer: a draft model (name or path), 'ngram', or 'none' (default {DEFAULT_DRAFT})")
     p.add_argument("--k", type=_k_value, default=None, help="tokens drafted per step: a number (0 = plain decoding) or 'auto' (default: the cost model chooses)")
+    p.add_argument("--k-max", type=int, default=K_MAX, help=f"--k auto's longest draft (default {K_MAX})")
     p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
     p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
     p.add_argument(
@@ -50,7 +51,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
-    return SpecConfig(k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_confidence=args.draft_confidence)
+    return SpecConfig(k=args.k, k_max=args.k_max, ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_confidence=args.draft_confidence)
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

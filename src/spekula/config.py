@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 
 from spekula.errors import ConfigError
 
+# --k auto's longest draft. Where a wide verify pass is cheap (oneDNN-packed fp32: 17 tokens cost
+# ~1.9x one at a 450-token context) and a draft is free (n-gram lookup), code edits copy runs long
+# enough to fill 16; where it is dear, the cost model never picks that far anyway.
+K_MAX = 16
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -52,7 +57,7 @@ class SpecConfig:
     """
 
     k: int | None = 4
-    k_max: int = 8  # upper bound for the controller when k is None
+    k_max: int = K_MAX  # upper bound for the controller when k is None
     ngram_max: int = 4  # n-gram prompt lookup: longest suffix to match
     ngram_min: int = 1  # ... and the shortest
     # A draft model stops its draft at the first token it gives less than this probability (that

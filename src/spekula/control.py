@@ -27,6 +27,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from spekula.config import K_MAX
+
 EMA = 0.2  # weight of a new timing observation
 CLASS_EMA = 0.1  # weight of a new acceptance observation in a draft class's engine-wide rates
 POSITIONS = 4  # acceptance is learnt for draft positions 1 .. POSITIONS; later ones share the last rate
@@ -177,14 +179,18 @@ class CostModel:
         best, k = max((rate(k), k) for k in range(k_max + 1))
         return k, best / rate(0)
 
-    def calibrate(self, target, draft=None, k_max: int = 8, context: int = 64, repeats: int = 2, max_rows: int = 0) -> None:
-        """Time target passes of 1 .. k_max + 1 tokens (and one draft token) on a warm cache.
+    def calibrate(self, target, draft=None, k_max: int = K_MAX, context: int = 64, repeats: int = 2, max_rows: int = 0) -> None:
+        """Time target passes of up to k_max + 1 tokens (and one draft token) on a warm cache: every
+        width up to 9 (where the cost curve bends: memory-bound, then compute-bound), every 4th past
+        it and k_max + 1 itself; target_cost interpolates between them.
 
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
         then timed at powers of two up to it, once each, for best_batch_k.
         """
-        widths = [(n, repeats) for n in range(1, k_max + 2)]
+        widths = [(n, repeats) for n in calibration_widths(k_max)]
         wide, n = [], 16
+        while n <= k_max + 1:
+            n *= 2
         while max_rows > k_max + 1 and n < max_rows:
             wide.append(n)
             n *= 2
@@ -213,12 +219,18 @@ class CostModel:
             dseq.release()
 
 
+def calibration_widths(k_max: int) -> list[int]:
+    """The verify-pass widths calibrate times for drafts of up to k_max tokens."""
+    last = k_max + 1
+    return sorted({*range(1, min(last, 9) + 1), *range(13, last, 4), last})
+
+
 @dataclass
 class AdaptiveK(Controller):
     """--k auto: the k the cost model predicts is fastest for this request's expected acceptance."""
 
     costs: CostModel
-    k_max: int = 8
+    k_max: int = K_MAX
     probe_every: int = 8  # plain steps before the first probe while speculation does not pay (at least)
     probe_budget: float = 0.02  # ... and probes may cost at most this fraction of plain decoding's time
     max_probe_every: int = 128  # ... doubling after every probe that changes nothing

@@ -174,6 +174,14 @@ def test_parse_spec():
     assert parse_spec("draft=ngram,k=auto", "qwen", None, confidence=0.3)[0].confidence is None
     with pytest.raises(ConfigError, match="not a draft model"):
         parse_spec("draft=ngram,confidence=0.4", "qwen", None)
+    # k=auto's longest draft: from the spec, else from --k-max; named only where it is not the default
+    (short,) = parse_spec("draft=ngram,k=auto,k_max=8", "qwen", None)
+    assert short.k_max == 8 and short.name == "ngram k=auto k_max=8" and short.spec_config().k_max == 8
+    assert parse_spec("draft=ngram", "qwen", None, k_max=4)[0].spec_config().k_max == 4
+    assert parse_spec("draft=ngram", "qwen", None)[0].name == "ngram k=auto"
+    for bad in ("k_max=0", "k_max=65", "k_max=x"):
+        with pytest.raises(ConfigError, match="k_max"):
+            parse_spec(bad, "qwen", None)
 
 
 def test_duplicate_configurations_are_refused():

@@ -55,7 +55,7 @@ def test_recommends_speculation_when_it_wins(tmp_path, unseen_workload):
 
 
 def test_config_file_is_what_generate_reads(tmp_path, unseen_workload):
-    choices = [SpecChoice("same", 3, confidence=0.3)]
+    choices = [SpecChoice("same", 3, confidence=0.3, k_max=5)]
     run_tune(tmp_path, unseen_workload, {"same": table(0)}, choices)
     parser = build_parser()
     generate = parser._subparsers._group_actions[0].choices["generate"]
@@ -65,4 +65,4 @@ def test_config_file_is_what_generate_reads(tmp_path, unseen_workload):
     generate.set_defaults(**values)
     args = parser.parse_args(["generate", "hello"])
     assert (args.draft, args.k, args.target, args.temperature) == ("same", 3, "table-0", 0.0)
-    assert args.draft_confidence == 0.3  # the tuned configuration as it was measured
+    assert (args.draft_confidence, args.k_max) == (0.3, 5)  # the tuned configuration as it was measured

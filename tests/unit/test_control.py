@@ -3,7 +3,7 @@
 import pytest
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import NO_DRAFT, AdaptiveK, CostModel, FixedK, expected_tokens
+from spekula.control import NO_DRAFT, AdaptiveK, CostModel, FixedK, calibration_widths, expected_tokens
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
 from spekula.testing import random_table_backend
@@ -203,6 +203,15 @@ def test_calibration_measures_every_width():
     engine.calibrate()
     assert sorted(engine.costs.target_s) == [1, 2, 3, 4]
     assert engine.costs.draft_s_per_token > 0
+
+
+def test_calibration_times_every_narrow_width_and_every_fourth_past_nine():
+    assert calibration_widths(3) == [1, 2, 3, 4]
+    assert calibration_widths(16) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17]
+    assert calibration_widths(18) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 19]  # k_max + 1 itself, always
+    costs = CostModel()
+    costs.calibrate(random_table_backend(20, seed=0), k_max=16, max_rows=4 * 17)  # a server: 4 x 17 rows
+    assert sorted(costs.target_s) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 32, 64, 68]
 
 
 def llamacpp_like():  # llama.cpp Q4 on 2 cores, measured: a 2-token pass 1.45x a one-token pass, 9 tokens 6.1x

@@ -15,8 +15,8 @@ from spekula.cli import add_model_options, add_sampling_options, backend_from_ar
 
 SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram, k=N (k=2/4/8 measures "
-    "several), ngram_max=, ngram_min=, confidence=P (a draft model stops its draft at a token it gives < P), name=LABEL; "
-    "keys not given take --draft / --k / --ngram-max / --ngram-min / --draft-confidence. "
+    "several), k_max=N (k=auto's longest draft), ngram_max=, ngram_min=, confidence=P (a draft model stops its draft at a "
+    "token it gives < P), name=LABEL; keys not given take --draft / --k / --k-max / --ngram-max / --ngram-min / --draft-confidence. "
     "Repeatable. Default: one configuration from --draft and --k. draft=none,name=LABEL measures plain decoding "
     "again under LABEL: an A/A control that shows this machine's noise"
 )
@@ -133,8 +133,9 @@ def choices_from_args(args: argparse.Namespace) -> list:
     from spekula.bench.runner import choice_with_defaults, parse_spec
 
     if args.spec:
-        return [c for text in args.spec for c in parse_spec(text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence)]
-    return [choice_with_defaults(args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence)]
+        return [c for text in args.spec
+                for c in parse_spec(text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, args.k_max)]
+    return [choice_with_defaults(args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)]
 
 
 def load_contenders(args: argparse.Namespace, choices: list):
@@ -224,7 +225,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         drafts = [d.strip() for d in args.drafts.split(",") if d.strip()] if args.drafts else list(dict.fromkeys([args.draft, "ngram"]))
         ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
-        choices = [choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence) for d in drafts if d != "none" for k in ks if k != 0]
+        choices = [choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)
+                   for d in drafts if d != "none" for k in ks if k != 0]
     if not choices:
         raise ConfigError("nothing to sweep: give --drafts and --ks (or --spec)")
     contenders, codec, models = load_contenders(args, choices)

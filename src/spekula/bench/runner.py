@@ -19,7 +19,7 @@ from typing import Any
 from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.workloads import WorkItem
-from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, SpekulaError
 from spekula.pipeline import Pipeline
@@ -28,7 +28,7 @@ from spekula.text import IncrementalDetokenizer
 from spekula.trace import ListTrace
 
 PLAIN = "plain"
-SPEC_KEYS = ("draft", "k", "ngram_max", "ngram_min", "confidence", "name")
+SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "name")
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,10 @@ class SpecChoice:
     ngram_min: int = 1
     label: str | None = None
     confidence: float | None = None  # a draft model's draft_confidence (SpecConfig)
+    k_max: int = K_MAX  # k=auto's longest draft (SpecConfig)
 
     def __post_init__(self) -> None:
-        SpecConfig(k=self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min, draft_confidence=self.confidence)  # validates
+        SpecConfig(k=self.k, k_max=self.k_max, ngram_max=self.ngram_max, ngram_min=self.ngram_min, draft_confidence=self.confidence)  # validates
         if self.confidence is not None and not needs_model(self.draft):
             raise ConfigError(f"confidence= stops a draft model's draft; {self.draft!r} is not a draft model. Drop it from this --spec")
 
@@ -63,27 +64,29 @@ class SpecChoice:
             return PLAIN
         short = self.draft.rstrip("/").rsplit("/", 1)[-1]
         extra = f" n={self.ngram_min}-{self.ngram_max}" if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (1, 4) else ""
+        if self.k is None and self.k_max != K_MAX:
+            extra += f" k_max={self.k_max}"
         if self.confidence is not None:
             extra += f" conf={self.confidence:g}"
         return f"{short} k={self.k_text}{extra}"
 
     def spec_config(self) -> SpecConfig:
-        return SpecConfig(k=0 if self.plain else self.k, ngram_max=self.ngram_max, ngram_min=self.ngram_min,
+        return SpecConfig(k=0 if self.plain else self.k, k_max=self.k_max, ngram_max=self.ngram_max, ngram_min=self.ngram_min,
                           draft_confidence=None if self.plain else self.confidence)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "draft": NONE if self.plain else self.draft, "k": 0 if self.plain else ("auto" if self.k is None else self.k),
-                "ngram_max": self.ngram_max, "ngram_min": self.ngram_min, "draft_confidence": self.confidence}
+                "k_max": self.k_max, "ngram_max": self.ngram_max, "ngram_min": self.ngram_min, "draft_confidence": self.confidence}
 
 
 PLAIN_CHOICE = SpecChoice(NONE, 0)
 
 
 def choice_with_defaults(draft: str, k: int | None, ngram_max: int = 4, ngram_min: int = 1, confidence: float | None = None,
-                         label: str | None = None) -> SpecChoice:
+                         label: str | None = None, k_max: int = K_MAX) -> SpecChoice:
     """A SpecChoice from a command's defaults: --draft-confidence applies to draft models only, so it
     is dropped for n-gram lookup or plain decoding rather than refused."""
-    return SpecChoice(draft, k, ngram_max, ngram_min, label, confidence if needs_model(draft) else None)
+    return SpecChoice(draft, k, ngram_max, ngram_min, label, confidence if needs_model(draft) else None, k_max)
 
 
 def parse_k(text: str) -> int | None:
@@ -97,11 +100,12 @@ def parse_k(text: str) -> int | None:
 
 def parse_spec(
     text: str, default_draft: str, default_k: int | None, ngram_max: int = 4, ngram_min: int = 1, confidence: float | None = None,
+    k_max: int = K_MAX,
 ) -> list[SpecChoice]:
     """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
     lets the cost model choose).
 
-    Keys not given take the command's --draft / --k / --ngram-max / --ngram-min, and
+    Keys not given take the command's --draft / --k / --k-max / --ngram-max / --ngram-min, and
     --draft-confidence for a draft model."""
     fields: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -118,8 +122,9 @@ def parse_spec(
     try:
         nmax = int(fields.get("ngram_max", ngram_max))
         nmin = int(fields.get("ngram_min", ngram_min))
+        k_max = int(fields.get("k_max", k_max))
     except ValueError:
-        raise ConfigError(f"bad --spec {text!r}: ngram_max and ngram_min take integers") from None
+        raise ConfigError(f"bad --spec {text!r}: k_max, ngram_max and ngram_min take integers") from None
     try:
         conf = float(fields["confidence"]) if "confidence" in fields else None
     except ValueError:
@@ -129,9 +134,9 @@ def parse_spec(
     for k in k_values:
         name = label if label is None or len(k_values) == 1 else f"{label} k={'auto' if k is None else k}"
         if conf is None:
-            choices.append(choice_with_defaults(draft, k, nmax, nmin, confidence, name))
+            choices.append(choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max))
         else:
-            choices.append(SpecChoice(draft, k, nmax, nmin, name, conf))
+            choices.append(SpecChoice(draft, k, nmax, nmin, name, conf, k_max))
     return choices
 
 

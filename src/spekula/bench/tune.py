@@ -16,7 +16,7 @@ from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice
 from spekula.config import SamplingParams
 
 # The keys `spekula generate --config FILE` reads: generate's option names with underscores.
-CONFIG_KEYS = ("target", "draft", "k", "dtype", "temperature", "top_p", "top_k", "min_p", "ngram_max", "ngram_min", "draft_confidence")
+CONFIG_KEYS = ("target", "draft", "k", "k_max", "dtype", "temperature", "top_p", "top_k", "min_p", "ngram_max", "ngram_min", "draft_confidence")
 
 
 def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, Any]]:
@@ -68,6 +68,7 @@ def tuned_config(choice: SpecChoice, target: str, dtype: str, sampling: Sampling
         "target": target,
         "draft": d["draft"],
         "k": d["k"],
+        "k_max": d["k_max"],
         "dtype": dtype,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
