@@ -179,7 +179,7 @@ def test_parse_spec():
     assert short.k_max == 8 and short.name == "ngram k=auto k_max=8" and short.spec_config().k_max == 8
     assert parse_spec("draft=ngram", "qwen", None, k_max=4)[0].spec_config().k_max == 4
     assert parse_spec("draft=ngram", "qwen", None)[0].name == "ngram k=auto"
-    for bad in ("k_max=0", "k_max=65", "k_max=x"):
+    for bad in ("k_max=0", "k_max=65", "k_max=x", "k=4,k_max=8", "k=auto/4,k_max=8"):
         with pytest.raises(ConfigError, match="k_max"):
             parse_spec(bad, "qwen", None)
 

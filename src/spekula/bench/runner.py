@@ -129,6 +129,8 @@ def parse_spec(
         conf = float(fields["confidence"]) if "confidence" in fields else None
     except ValueError:
         raise ConfigError(f"bad --spec {text!r}: confidence takes a probability, e.g. confidence=0.4") from None
+    if "k_max" in fields and any(k is not None for k in k_values):
+        raise ConfigError(f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them")
     label = fields.get("name")
     choices = []
     for k in k_values:
