@@ -181,13 +181,13 @@ class CostModel:
 
     def calibrate(self, target, draft=None, k_max: int = K_MAX, context: int = 64, repeats: int = 2, max_rows: int = 0) -> None:
         """Time target passes of up to k_max + 1 tokens (and one draft token) on a warm cache: every
-        width up to 9 (where the cost curve bends: memory-bound, then compute-bound), every 4th past
-        it and k_max + 1 itself; target_cost interpolates between them.
+        width up to 9 (where the cost curve bends: memory-bound, then compute-bound), `repeats` times,
+        and every 4th past it and k_max + 1 itself once; target_cost interpolates between them.
 
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
         then timed at powers of two up to it, once each, for best_batch_k.
         """
-        widths = [(n, repeats) for n in calibration_widths(k_max)]
+        widths = [(n, repeats if n <= 9 else 1) for n in calibration_widths(k_max)]  # past 9, online passes refine them
         wide, n = [], 16
         while n <= k_max + 1:
             n *= 2
