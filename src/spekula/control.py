@@ -33,6 +33,7 @@ EMA = 0.2  # weight of a new timing observation
 CLASS_EMA = 0.1  # weight of a new acceptance observation in a draft class's engine-wide rates
 POSITIONS = 4  # acceptance is learnt for draft positions 1 .. POSITIONS; later ones share the last rate
 NO_DRAFT = "no draft"  # a draft class: the proposer has nothing to offer now (k = 0, not a decision)
+DENSE_WIDTHS = 9  # calibration times every verify width up to this one (where the cost curve bends), every 4th past it
 
 
 class Controller(ABC):
@@ -187,7 +188,7 @@ class CostModel:
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
         then timed at powers of two up to it, once each, for best_batch_k.
         """
-        widths = [(n, repeats if n <= 9 else 1) for n in calibration_widths(k_max)]  # past 9, online passes refine them
+        widths = [(n, repeats if n <= DENSE_WIDTHS else 1) for n in calibration_widths(k_max)]  # online passes refine the rest
         wide, n = [], 16
         while n <= k_max + 1:
             n *= 2
@@ -222,7 +223,7 @@ class CostModel:
 def calibration_widths(k_max: int) -> list[int]:
     """The verify-pass widths calibrate times for drafts of up to k_max tokens."""
     last = k_max + 1
-    return sorted({*range(1, min(last, 9) + 1), *range(13, last, 4), last})
+    return sorted({*range(1, min(last, DENSE_WIDTHS) + 1), *range(DENSE_WIDTHS + 4, last, 4), last})
 
 
 @dataclass
