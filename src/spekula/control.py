@@ -182,7 +182,7 @@ class CostModel:
 
     def calibrate(self, target, draft=None, k_max: int = K_MAX, context: int = 64, repeats: int = 2, max_rows: int = 0) -> None:
         """Time target passes of up to k_max + 1 tokens (and one draft token) on a warm cache: every
-        width up to 9 (where the cost curve bends: memory-bound, then compute-bound), `repeats` times,
+        width up to DENSE_WIDTHS (where the cost curve bends: memory-bound, then compute-bound), `repeats` times,
         and every 4th past it and k_max + 1 itself once; target_cost interpolates between them.
 
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
@@ -316,9 +316,10 @@ class AdaptiveK(Controller):
         evidence of its own, a fully rejected draft may cost it at most one plain pass more than
         plain decoding: k <= the largest k with T(k + 1) + k T_draft <= 2 T(1). Each fully accepted
         draft doubles the cap, up to k_max. Where verification and drafts are cheap (packed fp32
-        weights, a llama.cpp draft) the cap starts at k_max and changes nothing; where a wide pass
-        is dear (transformers' fp32, llama.cpp on 2 cores) a wrong prior costs one short draft
-        instead of a long one."""
+        weights, n-gram lookup) the cap starts at or near k_max and changes little; a draft model's
+        own steps count against it, so its cap starts lower; where a wide pass is dear
+        (transformers' fp32, llama.cpp on 2 cores) a wrong prior costs one short draft instead of a
+        long one."""
         if self._k_cap is None:
             c = self.costs
             plain = c.target_cost(1)

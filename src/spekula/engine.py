@@ -40,8 +40,8 @@ class Engine:
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
 
     def calibrate(self, max_batch: int = 1) -> None:
-        """Measure target passes of 1 .. k_max + 1 tokens and a draft step on this machine (and, for
-        a batching server, passes up to max_batch x (k_max + 1) rows)."""
+        """Measure target passes of up to k_max + 1 tokens (CostModel.calibrate says which widths) and a
+        draft step on this machine (and, for a batching server, passes up to max_batch x (k_max + 1) rows)."""
         draft = self.proposer.draft_backend if self.proposer is not None else None
         rows = max_batch * (self.spec.k_max + 1) if max_batch > 1 else 0
         self.costs.calibrate(self.target, draft, k_max=self.spec.k_max, max_rows=rows)

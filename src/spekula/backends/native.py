@@ -258,7 +258,8 @@ def use_packed_weights(model: Transformer, rows_hint: int = 16) -> None:
     verify block, oneDNN's packed product is not. Measured here (AVX2, 2 threads) with
     `scripts/pass_costs.py --runtime native`: the whole Qwen 1.5B verifies 9 tokens for ~1.22x the
     price of one, where transformers (MKL) pays ~3.9x.
-    rows_hint: the block width oneDNN chooses its blocking for (a verify block is at most k_max + 1).
+    rows_hint: the block width oneDNN chooses its blocking for. A verify block is at most k_max + 1
+    rows: 17 with the default k_max of 16, one past this default (not measured whether that matters).
     A tied output head keeps the plain weight, which the embedding lookup still reads.
     """
     for module in model.modules():
