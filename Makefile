@@ -26,6 +26,6 @@ demo: models
 test: models
 	$(PY) -m pytest
 
-# Unit tests only: no model weights needed.
+# Every test that needs no model weights (tests that load them are marked `model`).
 test-fast: setup
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -m "not model"

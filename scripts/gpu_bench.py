@@ -1,24 +1,24 @@
-"""GPU numbers (issue 4, item 5): plain vs speculative greedy decoding with the verify pass captured.
+"""GPU numbers: tokens per second of plain vs speculative greedy decoding on the native backend.
 
 The Qwen pair (qwen2.5-coder-0.5b drafts for qwen2.5-coder-1.5b) in bf16 on the native backend,
-static shapes and torch.compile (mode reduce-overhead: the decode, draft and verify passes run as
-CUDA graphs; prefills run eagerly). Installs and downloads nothing.
+run eagerly (no torch.compile, no CUDA graphs: the native runner has no static-shape mode).
+Installs and downloads nothing.
 
 Weights: the catalogue's when they are already in the spekula cache (spekula.models.resolve, which
 never fetches); otherwise random weights of the same shapes (RANDOM_SHAPES, from the converted
 Qwen2.5 configs), reported as "weights": "random". Random weights cannot draft for each other, so
-the target then drafts for itself (self-speculation, α ≈ 1): capture, verification, rollback and
+the target then drafts for itself (self-speculation, α ≈ 1): verification, rollback and
 the pass costs are measured all the same, but the speedup is not the pair's (the draft costs as
 much as the target). Prompts are the chat-templated PROMPTS where a tokenizer is at hand, else
 fixed token ids.
 
 Every request is greedy with ignore_eos, so plain and speculative runs emit the same number of
 tokens; tokens per second = output tokens / engine wall time (prefill included) for both alike.
-Plain and speculative runs alternate prompt by prompt after one warm-up request on each path
-(which compiles and captures every shape). Prints a card on stderr, then ONE JSON line on stdout.
+Plain and speculative runs alternate prompt by prompt after one warm-up request on each path.
+Prints a card on stderr, then ONE JSON line on stdout.
 
-    scripts/gpu_bench.sh                                       # CUDA, bf16, compiled
-    scripts/gpu_bench.sh --device cpu --dtype float32 --tiny   # smoke test: tiny random model, eager
+    scripts/gpu_bench.sh                                       # CUDA, bf16
+    scripts/gpu_bench.sh --device cpu --dtype float32 --tiny   # smoke test: tiny random model
 """
 
 from __future__ import annotations
@@ -60,10 +60,16 @@ TINY = ModelArgs(
 )
 
 PROMPTS = [
-    "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number iteratively, with type hints and a docstring.",
-    "Write a Python function that reads a CSV file with the csv module and returns a list of dicts, skipping empty lines.",
-    "Add type hints to this function and return only the code:\n\ndef merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n",
-    "Write a binary search over a sorted Python list that returns the index of the target or -1, with tests using assert.",
+    "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number iteratively, "
+    "with type hints and a docstring.",
+    "Write a Python function that reads a CSV file with the csv module and returns a list of dicts, "
+    "skipping empty lines.",
+    "Add type hints to this function and return only the code:\n\n"
+    "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
+    "            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n",
+    "Write a binary search over a sorted Python list that returns the index of the target or -1, "
+    "with tests using assert.",
     "Explain in a short paragraph what a Python generator is, with a small example.",
     "Write a Python class `LRUCache` with get and put in O(1), using collections.OrderedDict.",
     "Write a SQL query that returns the ten customers with the highest total order value in 2023.",
@@ -87,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="timed passes over the prompts")
     ap.add_argument("--random", action="store_true", help="random weights even where real ones are cached")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model (the CPU smoke test)")
-    ap.add_argument("--no-compile", action="store_true", help="static shapes, run eagerly (compile is on for CUDA)")
     args = ap.parse_args(argv)
     if args.k < 1:
         ap.error("--k must be >= 1")
@@ -95,13 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         log("CUDA is not available here; run with --device cpu --dtype float32 --tiny for the smoke test")
         return 2
-    compile = device.type == "cuda" and not args.no_compile
     dtype = TORCH_DTYPES[args.dtype]
     config = BackendConfig(dtype=args.dtype, runtime="native")
-    sizes = {"target": (1, args.k + 1), "draft": (1, 2)}  # verify k + 1; a draft feeds 1 token, or 2 after a full accept
 
     start = time.perf_counter()
-    dirs = None if args.random or args.tiny else cached_dirs([args.target] + ([] if args.draft == SELF else [args.draft]))
+    names = [args.target] + ([] if args.draft == SELF else [args.draft])
+    dirs = None if args.random or args.tiny else cached_dirs(names)
     weights = "random" if dirs is None else "real"
     prompts, prompt_source = None, "token ids"
     if dirs is not None:
@@ -111,27 +115,26 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompts or id_prompts(shapes.vocab_size, args.prompts)
     cache_len = -(-(max(map(len, prompts)) + args.new_tokens + 2 * (args.k + 1)) // 64) * 64
 
-    def options(role: str) -> dict:
-        return dict(max_cache_len=cache_len, static=True, block_sizes=sizes[role], compile=compile)
-
     target_name = "tiny" if args.tiny else args.target
     if dirs is None:
         model = Transformer.from_state_dict(shapes, random_weights(shapes, dtype, device)).to(device)
-        target = NativeBackend(model, target_name, config, **options("target"))
+        target = NativeBackend(model, target_name, config, max_cache_len=cache_len)
     else:
-        target = NativeBackend.load(dirs[0], args.target, config, device=str(device), **options("target"))
+        target = NativeBackend.load(dirs[0], args.target, config, device=str(device), max_cache_len=cache_len)
     if dirs is None or args.draft == SELF:
-        # Same weights, its own caches and graphs. layout "rows": the weights are the target's, already laid out.
-        draft = NativeBackend(target.model, SELF, config, layout="rows", **options("draft"))
+        # Same weights, its own caches. layout "rows": the weights are the target's, already laid out.
+        draft = NativeBackend(target.model, SELF, config, layout="rows", max_cache_len=cache_len)
         draft_label = SELF + (" (random weights)" if dirs is None else "")
     else:
-        draft = NativeBackend.load(dirs[1], args.draft, config, device=str(device), **options("draft"))
+        draft = NativeBackend.load(dirs[1], args.draft, config, device=str(device), max_cache_len=cache_len)
         draft_label = args.draft
     spec_config = SpecConfig(k=args.k)
     plain_engine = Engine(target)
-    spec_engine = Engine(target, build_proposer(draft.name, spec_config, target=target, load_draft=lambda _: draft), spec_config)
+    proposer = build_proposer(draft.name, spec_config, target=target, load_draft=lambda _: draft)
+    spec_engine = Engine(target, proposer, spec_config)
     load_s = time.perf_counter() - start
-    log(f"{target_name} <- {draft_label}, {weights} weights, {args.dtype} on {device}, compile={compile}; loaded in {load_s:.1f} s")
+    log(f"{target_name} <- {draft_label}, {weights} weights, {args.dtype} on {device}; "
+        f"loaded in {load_s:.1f} s")
 
     stop = StopConfig(max_tokens=args.new_tokens, ignore_eos=True)
 
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine in (plain_engine, spec_engine):
         run(engine, prompts[0])
     warmup_s = time.perf_counter() - start
-    log(f"warm-up (compiles and captures every shape): {warmup_s:.1f} s")
+    log(f"warm-up: {warmup_s:.1f} s")
 
     plain_runs, spec_runs = [], []
     for repeat in range(args.repeats):
@@ -153,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                 spec, plain = run(spec_engine, ids), run(plain_engine, ids)
             plain_runs.append(plain)
             spec_runs.append(spec)
-            log(f"prompt {i} repeat {repeat}: plain {plain.stats.tokens_per_s:7.1f} tok/s, spec {spec.stats.tokens_per_s:7.1f} tok/s, "
-                f"alpha {_round(spec.stats.alpha, 2)}, identical {spec.token_ids == plain.token_ids}")
+            log(f"prompt {i} repeat {repeat}: plain {plain.stats.tokens_per_s:7.1f} tok/s, "
+                f"spec {spec.stats.tokens_per_s:7.1f} tok/s, alpha {_round(spec.stats.alpha, 2)}, "
+                f"identical {spec.token_ids == plain.token_ids}")
 
     # Greedy equality, and where it fails the target's top-2 logit gap there (near 0: bf16 numerics, not a bug).
     cases = [compare_tokens("spec", f"prompt {n % len(prompts)}", p.token_ids, s.token_ids, target, p.prompt_ids)
              for n, (p, s) in enumerate(zip(plain_runs, spec_runs))]
     plain_stats, spec_stats = merge_stats(g.stats for g in plain_runs), merge_stats(g.stats for g in spec_runs)
-    graphs, skips = compile_counters()
     result = {
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "device": str(device),
@@ -184,13 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "greedy_equal": all(c.identical for c in cases),
         "identical": f"{sum(c.identical for c in cases)}/{len(cases)}",
         "divergences": [asdict(c) for c in cases if not c.identical],
-        "captured": compile and graphs > 0 and skips == 0,
-        "compile": compile,
-        "static": True,
-        "block_sizes": {role: list(s) for role, s in sizes.items()},
         "max_cache_len": cache_len,
-        "compiled_graphs": graphs,
-        "cudagraph_skips": skips,
         # Engine stage times per pass (host overhead of each stage included).
         "plain_pass_ms": _ms(plain_stats.score_s, plain_stats.target_passes),
         "verify_pass_ms": _ms(spec_stats.score_s, spec_stats.target_passes),
@@ -199,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_s": round(warmup_s, 2),
     }
     log(f"plain {result['plain_tok_s']} tok/s, speculative {result['spec_tok_s']} tok/s: {result['speedup']}x; "
-        f"alpha {result['alpha']}, tau {result['tau']}; greedy equal {result['identical']}; captured {result['captured']}")
+        f"alpha {result['alpha']}, tau {result['tau']}; greedy equal {result['identical']}")
     print(json.dumps(result), flush=True)
     return 0
 
@@ -226,8 +223,11 @@ def text_prompts(hf_dir: Path, n: int) -> list[list[int]] | None:
 
 
 def id_prompts(vocab_size: int, n: int) -> list[list[int]]:
-    """Fixed token ids, 24 to 24 + 8 (n - 1) of them: every prefill is longer than a captured block."""
-    return [torch.randint(0, min(vocab_size, 32000), (24 + 8 * i,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(n)]
+    """Fixed token ids, 24 to 24 + 8 (n - 1) of them."""
+    return [
+        torch.randint(0, min(vocab_size, 32000), (24 + 8 * i,), generator=torch.Generator().manual_seed(i)).tolist()
+        for i in range(n)
+    ]
 
 
 def random_weights(args: ModelArgs, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -244,13 +244,6 @@ def random_weights(args: ModelArgs, dtype: torch.dtype, device: torch.device, se
             w = torch.randn(shape, generator=generator, device=device).mul_(0.02)
         weights[name] = w.to(dtype)
     return weights
-
-
-def compile_counters() -> tuple[int, int]:
-    """(graphs dynamo compiled, times inductor refused to use a CUDA graph) in this process."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"]), int(counters["inductor"]["cudagraph_skips"])
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:

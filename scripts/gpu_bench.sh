@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU numbers (issue 4, item 5): plain vs speculative decoding, verify pass captured; one JSON line.
+# GPU numbers: tokens/s of plain vs speculative decoding on the native runner; one JSON line (scripts/gpu_bench.py).
 # Needs only a Python with torch (CUDA build) and numpy; installs nothing. From any directory:
-#   scripts/gpu_bench.sh                                       # CUDA, bf16, torch.compile + CUDA graphs
+#   scripts/gpu_bench.sh                                       # CUDA, bf16
 #   scripts/gpu_bench.sh --device cpu --dtype float32 --tiny   # smoke test
 #   PYTHON=.venv/bin/python scripts/gpu_bench.sh ...           # another interpreter (default: python3)
 set -euo pipefail

@@ -1,38 +1,87 @@
-"""Seconds per forward pass of S tokens (S = 1, 2, 5, 9 unless --widths) after a context of --context
-tokens, per model: the median of --repeats timed passes, each after one untimed warm-up pass.
+"""What one target pass costs by its width: milliseconds per forward pass of S tokens (S = 1, 2, 5, 9 unless
+--widths) after a cache of --context tokens, per model. Each figure is the median of --repeats timed
+passes; one untimed pass warms the model up first, and the cache is truncated back to the context
+after every pass, so every timed pass sees the same cache.
 
-    .venv/bin/python scripts/pass_costs.py --dtype float32 [--runtime native|llamacpp] [--context 450] [--widths 1,9,17,33]
+A verify pass scores 1 + k tokens, so these are the costs `--k auto` weighs against the tokens a
+draft of k is expected to add (the cost model times the same passes at start-up); they are also what
+scripts/experiments/ngram_replay.py takes as --costs. Prints one line per model and width, as measured:
+
+    MODEL RUNTIME DTYPE context=N S=W: MS ms
+
+Usage (catalogue names or paths; loads the weights, downloads nothing):
+
+    .venv/bin/python scripts/pass_costs.py [--runtime transformers|native|llamacpp] [--dtype float32]
+        [--context 60] [--repeats 3] [--widths 1,9,17,33] [MODEL ...]
 """
+
+from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from collections.abc import Iterator, Sequence
 
+from spekula.backends.base import Backend
 from spekula.config import BackendConfig
 from spekula.pipeline import load_model
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--dtype", default="float32")
-ap.add_argument("--threads", type=int, default=None)
-ap.add_argument("--runtime", default="transformers", help="transformers, native or llamacpp")
-ap.add_argument("--context", type=int, default=60, help="tokens in the cache before the timed pass")
-ap.add_argument("--repeats", type=int, default=1)
-ap.add_argument("--widths", default="1,2,5,9", help="comma-separated block widths S to time")
-ap.add_argument("models", nargs="*", default=["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
-args = ap.parse_args()
-for name in args.models:
-    backend, codec = load_model(name, BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.runtime))
-    ids = codec.encode("def fibonacci(n):\n    " * (args.context // 4 + 1))[: args.context]
+DEFAULT_MODELS = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+PROMPT = "def fibonacci(n):\n    "  # repeated until it fills the context
+TOKEN = 5  # fed at every timed position: what is fed does not change the cost of a pass
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--runtime", default="transformers", help="transformers, native or llamacpp")
+    ap.add_argument("--context", type=int, default=60, help="tokens in the cache before the timed pass")
+    ap.add_argument("--repeats", type=int, default=1, help="timed passes per width; the median is printed")
+    ap.add_argument("--widths", type=widths, default=widths("1,2,5,9"), help="comma-separated block widths S to time")
+    ap.add_argument("models", nargs="*", default=DEFAULT_MODELS)
+    args = ap.parse_args(argv)
+    if args.context < 1 or args.repeats < 1:
+        ap.error("--context and --repeats must be >= 1")
+    return args
+
+
+def widths(text: str) -> list[int]:
+    """'1,2,5,9' -> [1, 2, 5, 9]; every width a positive integer."""
+    try:
+        values = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"widths must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"widths must be integers >= 1, got {text!r}")
+    return values
+
+
+def time_passes(backend: Backend, context: list[int], widths: list[int], repeats: int) -> Iterator[tuple[int, float]]:
+    """(S, median seconds of a forward pass of S tokens after `context`) for each S in `widths`, in order."""
     seq = backend.new_sequence()
-    seq.forward(ids, num_logits=1)
-    seq.forward([5])  # warm-up
-    seq.truncate(len(ids))
-    for n in [int(w) for w in args.widths.split(",")]:
+    seq.forward(context, num_logits=1)
+    seq.forward([TOKEN])  # warm-up
+    seq.truncate(len(context))
+    for n in widths:
         times = []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             start = time.perf_counter()
-            seq.forward([5] * n)
+            seq.forward([TOKEN] * n)
             times.append(time.perf_counter() - start)
-            seq.truncate(len(ids))
-        ms = 1000 * statistics.median(times)
-        print(f"{name} {args.runtime} {args.dtype} context={len(ids)} S={n}: {ms:.0f} ms", flush=True)
+            seq.truncate(len(context))
+        yield n, statistics.median(times)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for name in args.models:
+        backend, codec = load_model(name, BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.runtime))
+        ids = codec.encode(PROMPT * (args.context // 4 + 1))[: args.context]
+        for n, seconds in time_passes(backend, ids, args.widths, args.repeats):
+            print(f"{name} {args.runtime} {args.dtype} context={len(ids)} S={n}: {1000 * seconds:.0f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,8 @@
-"""`spekula` command line: generate | models (bench, tune, audit and serve register here as they land)."""
+"""`spekula` command line: generate | models | bench | tune | audit | serve.
+
+This module builds the parser from the sub-commands' `register` functions and runs `generate`; the
+options the commands share live in spekula.options, so no sub-command imports this module.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,20 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
-from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
-from spekula.errors import ConfigError, SpekulaError
+from spekula.bench import cli as bench_cli
+from spekula.config import SamplingParams, StopConfig
+from spekula.errors import SpekulaError
+from spekula.models import cli as models_cli
+from spekula.options import (
+    add_model_options,
+    add_sampling_options,
+    backend_from_args,
+    draft_backend_from_args,
+    load_config_file,
+    sampling_from_args,
+    spec_from_args,
+)
+from spekula.server import cli as server_cli
 
 DEFAULT_PROMPT = (
     "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number iteratively, "
@@ -17,79 +33,23 @@ DEFAULT_PROMPT = (
 )
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """Target, draft, speculation and runtime options shared by every command that runs models."""
-    from spekula.pipeline import DEFAULT_DRAFT, DEFAULT_RUNTIME, DEFAULT_TARGET
-
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model: catalogue name, HF directory or .gguf (default {DEFAULT_TARGET})")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"proposer: a draft model (name or path), 'ngram', or 'none' (default {DEFAULT_DRAFT})")
-    p.add_argument("--k", type=_k_value, default=None, help="tokens drafted per step: a number (0 = plain decoding) or 'auto' (default: the cost model chooses)")
-    p.add_argument("--k-max", type=int, default=K_MAX, help=f"--k auto's longest draft (default {K_MAX})")
-    p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
-    p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
-    p.add_argument(
-        "--draft-confidence", type=float, default=None, metavar="P",
-        help="a draft model stops its draft at the first token it gives probability < P (like transformers' "
-             "assistant_confidence_threshold; default: off, the controller's k only)",
-    )
-    p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
-    p.add_argument("--backend", default=DEFAULT_RUNTIME, help=f"how the target runs: native | transformers | llamacpp (default {DEFAULT_RUNTIME})")
-    p.add_argument(
-        "--draft-backend", default=None,
-        help="how the draft model runs (default: llamacpp for a built-in draft when the target runs in PyTorch, else like --backend)",
-    )
-    p.add_argument("--config", metavar="FILE", default=None, help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win")
-
-
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None, help="makes sampled runs repeat exactly")
-
-
-def spec_from_args(args: argparse.Namespace) -> SpecConfig:
-    return SpecConfig(k=args.k, k_max=args.k_max, ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_confidence=args.draft_confidence)
-
-
-def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
-
-
-def backend_from_args(args: argparse.Namespace) -> BackendConfig:
-    return BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.backend)
-
-
-def draft_backend_from_args(args: argparse.Namespace, draft: str | None = None) -> BackendConfig:
-    """How the draft model (default: --draft) runs."""
-    from spekula.pipeline import draft_backend_config
-
-    return draft_backend_config(draft or args.draft, backend_from_args(args), args.draft_backend)
-
-
-def _k_value(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"k must be an integer >= 0 or 'auto', got {text!r}") from None
-
-
-def register_generate(sub: Any) -> None:
+def register_generate(sub: Any) -> dict[str, argparse.ArgumentParser]:
     p = sub.add_parser("generate", help="generate text with speculative decoding")
-    p.add_argument("prompt", nargs="?", default=None, help="prompt text ('-' reads stdin; default: a built-in coding prompt)")
+    p.add_argument(
+        "prompt", nargs="?", default=None, help="prompt text ('-' reads stdin; default: a built-in coding prompt)"
+    )
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--compare", action="store_true", help="also run plain decoding of the target; report speedup and identity")
+    p.add_argument(
+        "--compare", action="store_true", help="also run plain decoding of the target; report speedup and identity"
+    )
     p.add_argument("--trace", metavar="FILE", default=None, help="write one JSON line per step to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     p.set_defaults(func=cmd_generate)
+    return {"generate": p}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -124,10 +84,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         result = run.result()
     out: dict[str, Any] = result.to_dict()
-    out["config"] = {"target": args.target, "draft": args.draft, "k": "auto" if args.k is None else args.k, "dtype": args.dtype, **_sampling_dict(sampling)}
+    out["config"] = {
+        "target": args.target, "draft": args.draft, "k": "auto" if args.k is None else args.k, "dtype": args.dtype,
+        **_sampling_dict(sampling),
+    }
     if args.compare:
         base = pipe.generate(prompt_ids, sampling, stop, plain=True)
-        out["baseline"] = {"text": base.text, "token_ids": base.token_ids, "tokens_per_s": base.stats.tokens_per_s, "stats": base.stats.to_dict()}
+        out["baseline"] = {
+            "text": base.text, "token_ids": base.token_ids, "tokens_per_s": base.stats.tokens_per_s,
+            "stats": base.stats.to_dict(),
+        }
         out["identical"] = base.token_ids == result.token_ids
         out["speedup"] = _ratio(result.stats.tokens_per_s, base.stats.tokens_per_s)
     if args.json:
@@ -142,12 +108,15 @@ def _summary(out: dict[str, Any]) -> str:
     s = out["stats"]
     lines = [
         "-" * 60,
-        f"{len(out['token_ids'])} tokens, {_fmt(s['tokens_per_s'])} tok/s, TTFT {_fmt(s['ttft_s'])} s, finish: {out['finish_reason']}",
+        f"{len(out['token_ids'])} tokens, {_fmt(s['tokens_per_s'])} tok/s, TTFT {_fmt(s['ttft_s'])} s, "
+        f"finish: {out['finish_reason']}",
         f"drafted {s['drafted']}, accepted {s['accepted']}, alpha {_fmt(s['alpha'])}, tau {_fmt(s['tau'])}, "
         f"target passes {s['target_passes']}",
-        "acceptance by draft position: " + (" ".join(f"{a:.2f}" for a in s["acceptance_by_position"]) or "n/a (nothing drafted)"),
+        "acceptance by draft position: "
+        + (" ".join(f"{a:.2f}" for a in s["acceptance_by_position"]) or "n/a (nothing drafted)"),
         "k chosen (k: steps): " + ", ".join(f"{k}: {n}" for k, n in s["k_chosen"].items())
-        + (f"; controller's predicted speedup {_fmt(s['predicted_speedup'])}x" if s.get("predicted_speedup") is not None else ""),
+        + (f"; controller's predicted speedup {_fmt(s['predicted_speedup'])}x"
+           if s.get("predicted_speedup") is not None else ""),
     ]
     if "baseline" in out:
         lines.append(
@@ -174,45 +143,28 @@ def _log(msg: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spekula", description="Lossless speculative decoding, measured against plain decoding.")
+    return parser_and_commands()[0]
+
+
+def parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's own parser by name (where --config sets that command's defaults)."""
+    parser = argparse.ArgumentParser(
+        prog="spekula", description="Lossless speculative decoding, measured against plain decoding."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    register_generate(sub)
-    from spekula.bench.cli import register as register_bench
-    from spekula.models.cli import register as register_models
-    from spekula.server.cli import register as register_serve
-
-    register_models(sub)
-    register_bench(sub)
-    register_serve(sub)
-    return parser
-
-
-def load_config_file(path: str, allowed: set[str]) -> dict[str, Any]:
-    """Option values from a JSON object whose keys are option names (underscores, e.g. top_p)."""
-    try:
-        with open(path) as f:
-            values = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read --config {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--config {path} is not valid JSON: {e}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"--config {path} must hold a JSON object of option names to values")
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
-    if isinstance(values.get("k"), str):
-        values["k"] = _k_value(values["k"])
-    return values
+    commands: dict[str, argparse.ArgumentParser] = {}
+    for register in (register_generate, models_cli.register, bench_cli.register, server_cli.register):
+        commands.update(register(sub))
+    return parser, commands
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser, commands = parser_and_commands()
     args = parser.parse_args(argv)
     try:
         if getattr(args, "config", None):
-            subparser = parser._subparsers._group_actions[0].choices[args.command]
-            subparser.set_defaults(**load_config_file(args.config, set(vars(args)) - {"func", "command", "config"}))
+            allowed = set(vars(args)) - {"func", "command", "config"}
+            commands[args.command].set_defaults(**load_config_file(args.config, allowed))
             args = parser.parse_args(argv)  # flags on the command line still win over the file
         return args.func(args)
     except SpekulaError as e:

@@ -6,13 +6,15 @@ CLI, the server and library callers all report bad input the same way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from spekula.errors import ConfigError
 
-# --k auto's longest draft. Where a wide verify pass is cheap (oneDNN-packed fp32: 17 tokens cost
-# ~1.9x one at a 450-token context) and a draft is free (n-gram lookup), code edits copy runs long
-# enough to fill 16; where it is dear, the cost model never picks that far anyway.
+# --k auto's longest draft. Where a wide verify pass is cheap (oneDNN-packed fp32 weights) and a draft
+# is free (n-gram lookup), code edits copy runs long enough to fill it; where a wide pass is dear, the
+# cost model never picks that far anyway (docs/BENCHMARKS.md, pass costs and longer drafts;
+# `scripts/pass_costs.py --widths`, `scripts/experiments/ngram_replay.py --k-max`).
 K_MAX = 16
 
 
@@ -32,8 +34,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:

@@ -24,9 +24,10 @@ import torch
 
 from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import NO_DRAFT, AdaptiveK, Controller, CostModel, FixedK
-from spekula.errors import ConfigError
-from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.control import AdaptiveK, Controller, FixedK
+from spekula.cost import CostModel
+from spekula.limits import check_prompt
+from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
 from spekula.trace import DraftedToken, Recorder, RequestStats, StepRecord
 from spekula.verify import Verdict, verify_greedy, verify_sampled
@@ -67,16 +68,7 @@ class Engine:
 
         controller: chooses k before each step; default: the engine's (from SpecConfig).
         """
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty: give at least one token")
-        if len(prompt_ids) >= self.target.context_length:
-            raise ConfigError(
-                f"the prompt has {len(prompt_ids)} tokens but the model's context holds {self.target.context_length}; "
-                "shorten the prompt"
-            )
-        bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise ConfigError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.target.vocab_size})")
+        check_prompt(prompt_ids, self.target.vocab_size, self.target.context_length)
         return Generation(self, list(prompt_ids), sampling, stop, recorder, controller or self.new_controller())
 
 
@@ -120,6 +112,12 @@ class Generation:
     def close(self) -> None:
         self._steps.close()
         self._finish()  # also when the steps were driven through plan() / complete()
+
+    @property
+    def done(self) -> bool:
+        """Nothing is left to run: a stop token, max_tokens, a full context, a stop string (the text
+        layer sets finish_reason) or close(). Known right after the complete() that got there."""
+        return self.finish_reason is not None
 
     def run(self) -> "Generation":
         """Run to the end (no streaming)."""
@@ -265,6 +263,8 @@ class Generation:
         room = self.stop.max_tokens - len(self.token_ids)
         if len(emitted) >= room and self.finish_reason is None:
             self.finish_reason = "length"
+        if len(committed) >= target.context_length and self.finish_reason is None:
+            self.finish_reason = "length"  # the context is full: no room for another step
         emitted = emitted[:room]
         self.token_ids.extend(emitted)
         return emitted

@@ -22,7 +22,9 @@ from spekula.trace import Recorder, RequestStats
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-DEFAULT_RUNTIME = "native"  # packed fp32 weights verify 9 tokens for ~1.22x one here (transformers: ~3.9x)
+# the default runtime: packed fp32 weights verify a block of tokens for little more than the cost of one;
+# transformers' fp32 pays for every row (docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`)
+DEFAULT_RUNTIME = "native"
 
 
 @dataclass
@@ -170,9 +172,10 @@ class Pipeline:
 
 def default_draft_runtime(draft: str | None, target_runtime: str) -> str:
     """How a draft model runs when nobody says: llama.cpp for a draft that has a GGUF, when the target
-    runs in PyTorch and llama-cpp-python is installed (a Q4 0.5B step costs ~40 ms on 2 cores, the
-    same model in fp32 PyTorch ~240 ms: scripts/pass_costs.py); otherwise like the target. The output does not depend on
-    it: losslessness needs only the target's probabilities."""
+    runs in PyTorch and llama-cpp-python is installed (a Q4 draft step costs a fraction of the same
+    model's step in fp32 PyTorch on a CPU: docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`);
+    otherwise like the target. The output does not depend on it: losslessness needs only the
+    target's probabilities."""
     import importlib.util
 
     from spekula.models import CATALOGUE

@@ -5,6 +5,13 @@ differently from the target, the verifier would still return samples of p, but a
 drop. If the target were filtered differently from plain decoding, the output would be wrong. So
 both paths call `probabilities` with the same SamplingParams, and plain decoding is the k = 0 case
 of the same loop.
+
+Any temperature > 0 is served as asked, however small: dividing raw logits by 1e-38 would overflow
+to inf (and inf - inf is NaN in the softmax), so the logits are shifted by their row maximum first.
+The best token then sits at exactly 0 and every other at -(gap / temperature), which may round to
+-inf but never to +inf or NaN. A tiny temperature therefore gives the limit of softmax(logits / T)
+as T -> 0: all mass on the argmax, shared evenly by exact ties. It stays a sampled request (its
+seed is used, ties are drawn), not a silent switch to greedy decoding.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.softmax(logits, dim=-1)
-    logits = logits / params.temperature
+    logits = _tempered(logits, params.temperature)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -42,12 +49,22 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature shifted so that each row's maximum is 0: finite or -inf for any temperature > 0,
+    even one that rounds to 0 in float32 (the maximum is kept at exactly 0, not divided, so no 0 / 0 reaches
+    the softmax)."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # [..., V], <= 0
+    return torch.where(shifted == 0, shifted, shifted / temperature)
+
+
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (the token that
     crosses the threshold is kept), renormalised."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    drop = mass_before >= top_p  # [..., V]
+    drop[..., 0] = False  # the most likely token always stays, even when a tiny top_p rounds to 0 in float32
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     return kept / kept.sum(dim=-1, keepdim=True)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from spekula.extras import needs_extra
+
 
 def chi_square_pvalue(counts, probs, min_expected: float = 5.0) -> float:
     """Pearson's goodness-of-fit p-value of observed `counts` against exact `probs` (same length).
@@ -12,7 +14,8 @@ def chi_square_pvalue(counts, probs, min_expected: float = 5.0) -> float:
     approximation holds. Raises AssertionError if a cell with probability 0 was observed, since
     no test statistic is needed to reject that.
     """
-    from scipy.stats import chisquare
+    with needs_extra("bench", "the chi-square test"):
+        from scipy.stats import chisquare
 
     counts = np.asarray(counts, dtype=np.float64)
     probs = np.asarray(probs, dtype=np.float64)

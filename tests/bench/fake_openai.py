@@ -2,6 +2,9 @@
 
 Streams /v1/completions and /v1/chat/completions as server-sent events (one chunk per engine step,
 then a usage chunk when stream_options.include_usage asks for it), lists one model.
+
+`fault(body)` may name a way to break a request's stream, as real servers do (FAULTS): the bench
+must count each as an error, never as a short or empty success.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -16,8 +20,18 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from spekula.config import SamplingParams, StopConfig
 
+FAULTS = {
+    "truncate": "one text chunk, then the stream ends: no finish_reason, no usage, no [DONE] (llama_cpp.server's cut)",
+    "no_finish": "every chunk, usage and [DONE], but finish_reason stays null",
+    "no_done": "every chunk, finish_reason and usage, then the stream ends without [DONE]",
+    "error_event": "one text chunk, then an OpenAI error object as an event and [DONE] (an engine failure mid-stream)",
+    "empty": "a whole stream with no text: finish_reason 'stop', usage with 0 completion tokens, [DONE]",
+}
 
-def make_app(contender, codec, model: str = "fake-model") -> FastAPI:
+
+def make_app(
+    contender, codec, model: str = "fake-model", fault: Callable[[dict], str | None] = lambda body: None,
+) -> FastAPI:
     app = FastAPI()
     lock = threading.Lock()  # one request at a time through the in-memory engine
 
@@ -35,17 +49,34 @@ def make_app(contender, codec, model: str = "fake-model") -> FastAPI:
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece, "logprobs": None}
             return {"id": "x", "object": kind, "created": 0, "model": model, "choices": [dict(choice, finish_reason=finish)]}
 
+        broken = fault(body)
+        assert broken is None or broken in FAULTS, broken
+
         def events():
+            # Generate the whole answer first, then stream it: a client may close the stream after the
+            # last event it needs, and a generator suspended at that yield would never release the lock.
             with lock:
                 run = contender.start(ids, sampling, stop)
-                for piece in run:
-                    yield f"data: {json.dumps(chunk(piece))}\n\n"
+                pieces = list(run)
                 done = run.result()
-            yield f"data: {json.dumps(chunk('', done.finish_reason))}\n\n"
+            for n, piece in enumerate(pieces):
+                if broken == "empty":
+                    continue
+                if n == 1 and broken in ("truncate", "error_event"):
+                    if broken == "error_event":
+                        error = {"message": "the engine failed", "type": "server_error", "param": None, "code": None}
+                        yield f"data: {json.dumps({'error': error})}\n\n"
+                        yield "data: [DONE]\n\n"
+                    return
+                yield f"data: {json.dumps(chunk(piece))}\n\n"
+            finish = {"no_finish": None, "empty": "stop"}.get(broken, done.finish_reason)
+            yield f"data: {json.dumps(chunk('', finish))}\n\n"
             if (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": len(ids), "completion_tokens": len(done.token_ids), "total_tokens": len(ids) + len(done.token_ids)}
+                n = 0 if broken == "empty" else len(done.token_ids)
+                usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
                 yield f"data: {json.dumps({'id': 'x', 'object': kind, 'created': 0, 'model': model, 'choices': [], 'usage': usage})}\n\n"
-            yield "data: [DONE]\n\n"
+            if broken != "no_done":
+                yield "data: [DONE]\n\n"
 
         if not body.get("stream"):
             return JSONResponse({"error": "this test server only streams"}, status_code=400)

@@ -3,19 +3,23 @@ speculative), measured side by side with the openai client; and the endpoint aud
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from spekula.bench.endpoint import Endpoint, Load, normalise_url, run_endpoint
+from spekula.bench.audit import AuditReport, compare_texts, format_report
+from spekula.bench.endpoint import Endpoint, Load, _sse_events, normalise_url, run_endpoint
+from spekula.bench.metrics import RequestResult, attach_comparisons, summarise_by_config
 from spekula.bench.runner import SpecChoice
 from spekula.bench.workloads import load_workload
 from spekula.cli import main
 from spekula.config import SamplingParams
 from spekula.errors import ConfigError
+from spekula.trace import RequestStats
 
 from benchkit import ByteCodec, contenders_for, table
-from fake_openai import Served, make_app
+from fake_openai import FAULTS, Served, make_app
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +30,13 @@ def servers():
     other = contenders_for(table(7), {}, [])[0]
     with Served(make_app(plain, codec)) as a, Served(make_app(spec, codec)) as b, Served(make_app(other, codec)) as c:
         yield {"plain": a.url, "spec": b.url, "other": c.url}
+
+
+def broken_server(fault: str, when: str = ""):
+    """The plain target behind a server that breaks (fault, see fake_openai.FAULTS) every request whose body
+    mentions `when` ("" = every request)."""
+    plain = contenders_for(table(0), {}, [])[0]
+    return Served(make_app(plain, ByteCodec(), fault=lambda body: fault if when in json.dumps(body) else None))
 
 
 def last_json(capsys):
@@ -88,3 +99,103 @@ def test_cli_refuses_half_an_endpoint_pair(unseen_workload, capsys):
     assert main(["audit", "--workload", str(unseen_workload), "--endpoint", "http://127.0.0.1:9"]) == 2
     assert "needs both --endpoint" in capsys.readouterr().err
     assert main(["bench", "--workload", str(unseen_workload), "--baseline-endpoint", "http://127.0.0.1:9"]) == 2
+
+
+# -- an answer counts only when it is whole -------------------------------------------------------
+
+WHY = {
+    "truncate": "ended without a finish_reason and [DONE] after 1 text chunk(s)",
+    "no_finish": "ended without a finish_reason after",
+    "no_done": "ended without [DONE] after",
+    "error_event": "the stream carried an error event: the engine failed",
+    "empty": "an empty completion (finish_reason 'stop') where up to 10 tokens were asked for",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_stream_that_is_not_whole_is_an_error(fault, unseen_workload):
+    items = load_workload(unseen_workload)
+    with broken_server(fault) as s:
+        results, _, _ = run_endpoint(Endpoint("e", s.url), items, SamplingParams(), Load(requests=4, concurrency=2),
+                                     max_tokens=10, progress=False)
+    assert len(results) == 4
+    for r in results:
+        assert not r.ok and "IncompleteResponse" in r.error and WHY[fault] in r.error, r.error
+    summary = summarise_by_config(results, ["e"], {"e": 1.0})["e"]["overall"]
+    assert (summary["requests"], summary["errors"], summary["output_tokens"]) == (0, 4, 0)
+    assert summary["throughput_tokens_per_s"] is None  # never 0 tokens / wall as if the server were slow but sound
+
+
+def test_bench_counts_a_broken_baseline_as_errors_and_leaves_its_prompts_out_of_every_column(
+    servers, unseen_workload, tmp_path, capsys,
+):
+    """The baseline truncates one prompt's stream: that is an error on its side, the measured side's run of the
+    same prompt is excluded, and every column of both rows covers the same three prompts."""
+    with broken_server("truncate", when="the cat sat") as broken:
+        rc = main(["bench", "--endpoint", servers["spec"], "--baseline-endpoint", broken.url,
+                   "--workload", str(unseen_workload), "--concurrency", "2", "--max-tokens", "10",
+                   "--out", str(tmp_path / "out"), "--no-progress"])
+    assert rc == 0
+    line, text = last_json(capsys)
+    base, mine = line["configs"]["baseline"], line["configs"]["endpoint"]
+    assert (base["errors"], base["excluded"], mine["errors"], mine["excluded"]) == (1, 0, 0, 1)
+    assert (mine["identical"], mine["compared"]) == (3, 3)  # over the three prompts both sides answered whole
+    assert base["tokens_per_s"] is None and mine["tokens_per_s"] is None  # the wall time holds the failed request
+    assert "- baseline: 1 error(s), 0 excluded, 3 counted; first: IncompleteResponse: the stream ended without" in text
+    assert "- endpoint: 0 error(s), 1 excluded, 3 counted" in text
+    result = json.loads(open(line["results"]).read())
+    counted = {}
+    for name in ("baseline", "endpoint"):
+        reqs = [r for r in result["requests"] if r["config"] == name and r["prompt_id"] != "mine-2" and not r["error"]]
+        counted[name] = reqs
+        over = result["summary"][name]["overall"]
+        assert over["requests"] == len(reqs) == 3
+        assert over["output_tokens"] == sum(r["stats"]["output_tokens"] for r in reqs)
+        assert over["latency_s"]["mean"] == pytest.approx(sum(r["latency_s"] for r in reqs) / 3)
+        assert over["ttft_s"]["mean"] == pytest.approx(sum(r["ttft_s"] for r in reqs) / 3)
+    assert result["summary"]["endpoint"]["overall"]["speedup"]["n"] == 3
+    assert [r["prompt_id"] for r in result["requests"] if r["error"]] == ["mine-2"]
+
+
+def test_audit_with_a_broken_side_is_incomplete_never_a_pass(servers, unseen_workload, tmp_path, capsys):
+    args = ["audit", "--workload", str(unseen_workload), "--max-tokens", "10", "--no-progress",
+            "--endpoint", servers["spec"]]
+    with broken_server("no_done", when="colours") as broken:
+        rc = main(args + ["--baseline-endpoint", broken.url, "--out", str(tmp_path / "a")])
+    line, text = last_json(capsys)
+    assert rc == 1 and line["passed"] is False
+    assert "3/3 outputs identical" in text and "INCOMPLETE" in text
+    assert "1 failed; their prompts are not compared" in text
+    assert "audit: FAIL (1 endpoint request(s) failed)" in text
+    saved = json.loads(open(line["results"]).read())
+    assert [(e["config"], e["prompt_id"]) for e in saved["endpoint_errors"]] == [("baseline", "colours")]
+    with broken_server("empty") as a, broken_server("empty") as b:  # two servers of empty answers
+        rc = main(args[:-1] + [a.url, "--baseline-endpoint", b.url, "--out", str(tmp_path / "b")])
+    line, text = last_json(capsys)
+    assert rc == 1 and line["passed"] is False and "outputs identical" not in text  # nothing is claimed between empties
+    assert len(json.loads(open(line["results"]).read())["endpoint_errors"]) == 8
+
+
+def test_identity_is_never_claimed_between_two_empty_texts():
+    def result(config, text):
+        return RequestResult("p", "c", config, RequestStats(output_tokens=len(text), total_s=1.0), text, None)
+
+    rs = [result("base", ""), result("spec", ""), result("spec2", "a")]
+    attach_comparisons(rs, "base", greedy=True)
+    assert [r.identical for r in rs] == [None, None, False]
+    case = compare_texts("spec", "p", "", "")
+    assert not case.identical
+    report = AuditReport(0.01, endpoint_greedy=[case])
+    assert not report.passed and "NOTHING TO COMPARE: spec on p: both outputs are empty" in format_report(report)
+
+
+def test_server_sent_events_are_read_as_the_spec_says():
+    async def events(raw: str):
+        async def lines():
+            for line in raw.split("\n"):
+                yield line
+
+        return [e async for e in _sse_events(lines())]
+
+    raw = ": a comment\nevent: error\ndata: {\"message\": \"x\"}\n\ndata: a\ndata:b\nid: 3\n\ndata: [DONE]"
+    assert asyncio.run(events(raw)) == [("error", '{"message": "x"}'), (None, "a\nb"), (None, "[DONE]")]

@@ -15,7 +15,8 @@ from spekula.bench import commands
 from spekula.bench.runner import SpecChoice
 from spekula.bench.tune import CONFIG_KEYS
 from spekula.bench.workloads import load_workload
-from spekula.cli import build_parser, load_config_file
+from spekula.cli import parser_and_commands
+from spekula.options import load_config_file
 
 from benchkit import ByteCodec, contenders_for, table
 
@@ -57,9 +58,9 @@ def test_recommends_speculation_when_it_wins(tmp_path, unseen_workload):
 def test_config_file_is_what_generate_reads(tmp_path, unseen_workload):
     choices = [SpecChoice("same", 3, confidence=0.3, k_max=5)]
     run_tune(tmp_path, unseen_workload, {"same": table(0)}, choices)
-    parser = build_parser()
-    generate = parser._subparsers._group_actions[0].choices["generate"]
-    options = {a.dest for a in generate._actions}
+    parser, commands = parser_and_commands()
+    generate = commands["generate"]
+    options = set(vars(parser.parse_args(["generate", "hello"])))
     assert set(CONFIG_KEYS) <= options
     values = load_config_file(str(tmp_path / "tuned.json"), options)
     generate.set_defaults(**values)

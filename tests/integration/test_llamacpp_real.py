@@ -12,7 +12,7 @@ import torch
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.pipeline import load_model
-from spekula.proposers import DraftModelFactory, NgramFactory
+from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory
 
 LLAMA = BackendConfig(runtime="llamacpp", threads=2)
 PROMPTS = ["def quicksort(arr):\n", "The three primary colours are"]
@@ -48,6 +48,7 @@ def test_llamacpp_target_with_llamacpp_draft_and_ngram(smol_llama, k):
         plain = greedy(Engine(target), ids)
         assert greedy(Engine(target, DraftModelFactory(target), SpecConfig(k=k)), ids) == plain
         assert greedy(Engine(target, NgramFactory(), SpecConfig(k=k)), ids) == plain
+        assert greedy(Engine(target, SuffixFactory(), SpecConfig(k=k)), ids) == plain
 
 
 def test_mixed_pairs(smol_llama, smollm2):

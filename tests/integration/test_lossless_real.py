@@ -8,7 +8,7 @@ import torch
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
-from spekula.proposers import DraftModelFactory, NgramFactory
+from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory
 from spekula.sampling import probabilities
 from spekula.stats import chi_square_pvalue
 
@@ -30,6 +30,7 @@ def test_smollm2_greedy_equality_for_every_proposer(smollm2, random_smollm2_draf
         "self": DraftModelFactory(target),  # alpha ~ 1
         "random": DraftModelFactory(random_smollm2_draft),  # alpha ~ 0
         "ngram": NgramFactory(),
+        "suffix": SuffixFactory(),
     }
     for prompt in CODE_PROMPTS[:2]:
         ids = codec.encode(prompt)

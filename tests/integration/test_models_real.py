@@ -1,6 +1,6 @@
 """The real built-in models: fetched (a no-op on a warm cache), verified and loadable with transformers.
 
-The expected hashes are copied from /work/shared/MODELS.md on purpose rather than read from the
+The expected hashes, sizes and ids are written out here on purpose rather than read from the
 catalogue, so that a typo in the catalogue fails here.
 """
 
@@ -16,7 +16,7 @@ from spekula.models.cache import hash_file
 pytestmark = pytest.mark.model
 
 EXPECTED = {
-    # name: (sha256 of the GGUF from MODELS.md, size in bytes, vocabulary size, an end-of-turn id)
+    # name: (sha256 of the assembled GGUF, size in bytes, vocabulary size, an end-of-turn id)
     "qwen2.5-coder-0.5b": (
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064, 151936, 151645
     ),

@@ -1,4 +1,5 @@
-"""Server tests: loopback only, bounded in time. See serverkit.py for the fake model and the runner."""
+"""Server tests: loopback only, bounded in time. The fake model is in tests/pipelinekit.py, the runner in
+serverkit.py."""
 
 from __future__ import annotations
 

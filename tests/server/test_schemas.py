@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from spekula.server.errors import APIError
-from spekula.server.schemas import parse_request
+from spekula.server.schemas import parse_json, parse_request
 from spekula.server.settings import ServerSettings
 
 SETTINGS = ServerSettings(max_tokens_limit=100, default_max_tokens=16)
@@ -30,6 +32,10 @@ def test_openai_client_shapes():
     r = parse_request(chat, "chat", SETTINGS)
     assert r.messages == [{"role": "system", "content": "ab"}] and r.stop.max_tokens == 9
     assert parse_request({**BASE, "temperature": None}, "completion", SETTINGS).sampling.temperature == 0.0  # null = default
+    assert parse_request({**BASE, "top_k": -1}, "completion", SETTINGS).sampling.top_k == 0  # vLLM's "off" = our 0
+    assert parse_request({**BASE, "top_k": 0}, "completion", SETTINGS).sampling.top_k == 0
+    tiny = parse_request({**BASE, "temperature": 1e-38}, "completion", SETTINGS)
+    assert tiny.sampling.temperature == 1e-38 and not tiny.sampling.greedy  # served as asked, not switched to greedy
 
 
 BAD = [
@@ -47,7 +53,15 @@ BAD = [
     ({**BASE, "temperature": -0.1}, "completion", "temperature", "[0, 2]"),
     ({**BASE, "temperature": "hot"}, "completion", "temperature", "must be a number"),
     ({**BASE, "top_p": 0}, "completion", "top_p", "(0, 1]"),
-    ({**BASE, "top_k": -1}, "completion", "top_k", ">= 0"),
+    ({**BASE, "top_k": -2}, "completion", "top_k", "must be >= -1 (0 or -1 = off)"),
+    ({**BASE, "temperature": float("nan")}, "completion", "temperature", "must be a finite number, got nan"),
+    ({**BASE, "top_p": float("inf")}, "completion", "top_p", "must be a finite number, got inf"),
+    ({**BASE, "min_p": float("-inf")}, "completion", "min_p", "must be a finite number"),
+    ({**BASE, "temperature": "NaN"}, "completion", "temperature", "must be a number, got string 'NaN'"),
+    ({**BASE, "top_p": "Infinity"}, "completion", "top_p", "must be a number, got string 'Infinity'"),
+    ({**BASE, "top_k": float("inf")}, "completion", "top_k", "must be an integer, got number inf"),
+    ({**BASE, "seed": float("nan")}, "completion", "seed", "must be an integer, got number nan"),
+    ({**BASE, "temperature": 10**400}, "completion", "temperature", "[0, 2]"),
     ({**BASE, "top_k": 2.5}, "completion", "top_k", "must be an integer"),
     ({**BASE, "min_p": 1}, "completion", "min_p", "[0, 1)"),
     ({**BASE, "seed": "7"}, "completion", "seed", "must be an integer"),
@@ -78,3 +92,36 @@ def test_bad_values_are_refused_by_name(body, kind, param, message):
     assert e.value.status == 400
     assert e.value.param == param
     assert message in e.value.message
+
+
+BAD_JSON = [
+    # (body, words the message must contain): each is a 400 that says what to change
+    (b'{"temperature": NaN}', "the number NaN, which is not finite; JSON numbers must be finite: send a finite value"),
+    (b'{"a": [1, {"b": Infinity}]}', "contains the number Infinity, which is not finite"),
+    (b'{"top_p": -Infinity}', "contains the number -Infinity, which is not finite"),
+    (b'{"temperature": 1e999}', "contains the number 1e999, which is not finite"),
+    (b'{"temperature": -2E+400}', "contains the number -2E+400, which is not finite"),
+    (b'{"m": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested too deeply"),
+    (b'{"m": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"}", "nested too deeply"),
+    (b'{"seed": 1' + b"0" * 5000 + b"}", "a number that cannot be read"),
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe", "not UTF-8"),
+]
+
+
+@pytest.mark.parametrize("body,words", BAD_JSON, ids=[f"json-{i}" for i in range(len(BAD_JSON))])
+def test_bodies_that_are_not_strict_json_are_refused_with_400(body, words):
+    with pytest.raises(APIError) as e:
+        parse_json(body)
+    assert e.value.status == 400 and words in e.value.message
+    assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_strict_json_keeps_what_json_allows():
+    fine = {"t": 0.5, "p": 1e-300, "k": -1, "l": [1, 2], "s": "NaN"}
+    assert parse_json(json.dumps(fine).encode()) == fine
+    nested = parse_json(b'{"m": ' + b"[" * 100 + b"]" * 100 + b"}")["m"]  # a depth any request could need, and more
+    depth = 0
+    while nested:
+        nested, depth = nested[0], depth + 1
+    assert nested == [] and depth == 99

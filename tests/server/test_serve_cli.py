@@ -8,7 +8,8 @@ import pytest
 
 from spekula.cli import build_parser, main
 from spekula.errors import ConfigError
-from spekula.server.cli import bind, settings_from_args
+from spekula.server.cli import settings_from_args
+from spekula.server.listen import bind
 from spekula.server.settings import ServerSettings
 
 

@@ -16,7 +16,7 @@ import pytest
 from serverkit import MODEL, fake_pipeline, native_pipeline, serving
 
 from spekula.config import SamplingParams, StopConfig
-from spekula.control import CostModel
+from spekula.cost import CostModel
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
 
@@ -232,6 +232,8 @@ def test_shutdown_finishes_requests_in_flight_and_refuses_new_ones():
 # -- bad input ------------------------------------------------------------------------------------
 
 LONG = "x" * 600  # more tokens than the fake model's context of 512
+BARE = b'{"model": "%s", "prompt": "hi", %%s}' % MODEL.encode()  # raw JSON, for what json.dumps would not write
+BARE_CHAT = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], %%s}' % MODEL.encode()
 
 BAD_HTTP = [
     # (method, path, body: bytes | dict | None, status, words the message must contain)
@@ -256,6 +258,20 @@ BAD_HTTP = [
     ("GET", "/v1/completions", None, 405, "GET is not allowed"),
     ("GET", "/v2/models", None, 404, "no such path"),
     ("GET", "/v1/models/gpt-4o", None, 404, "not served here"),
+    # numbers that are not finite, as bare tokens (Python's json reads them) or as strings; with stream: true the
+    # refusal must come before the 200 of a stream, so the table checks a JSON error status for those too
+    ("POST", "/v1/completions", BARE % b'"temperature": NaN', 400, "NaN, which is not finite"),
+    ("POST", "/v1/completions", BARE % b'"temperature": NaN, "stream": true', 400, "send a finite value"),
+    ("POST", "/v1/completions", BARE % b'"top_p": Infinity', 400, "Infinity, which is not finite"),
+    ("POST", "/v1/completions", BARE % b'"presence_penalty": -Infinity', 400, "-Infinity, which is not finite"),
+    ("POST", "/v1/completions", BARE % b'"min_p": 1e999', 400, "1e999, which is not finite"),
+    ("POST", "/v1/chat/completions", BARE_CHAT % b'"temperature": -Infinity, "stream": true', 400, "not finite"),
+    ("POST", "/v1/completions", BARE % b'"temperature": "NaN"', 400, "'temperature' must be a number, got string"),
+    ("POST", "/v1/completions", BARE % b'"max_tokens": "Infinity"', 400, "'max_tokens' must be an integer, got string"),
+    ("POST", "/v1/completions", BARE % b'"top_k": -2', 400, "'top_k' must be >= -1 (0 or -1 = off)"),
+    # nested deeper than the parser recurses (within the fixture's 4096-byte body limit; test_schemas goes to 50,000)
+    ("POST", "/v1/completions", BARE % (b'"metadata": ' + b"[" * 1900 + b"]" * 1900), 400, "nested too deeply"),
+    ("POST", "/v1/completions", BARE % (b'"stream": true, "metadata": ' + b"[" * 1900 + b"]" * 1900), 400, "nested"),
 ]
 
 
@@ -277,6 +293,31 @@ def test_a_chunked_body_over_the_limit_is_cut_off(fast):
 
     r = httpx.post(fast.url + "/v1/completions", content=chunks(), timeout=WAIT)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    # the rest of the body is never read, so no byte count is claimed: only the limit
+    assert r.json()["error"]["message"].startswith("the request body is larger than the server's limit of 4096 bytes;")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tiny_temperature_samples_the_limit_and_top_k_minus_one_is_off(fast, stream):
+    """temperature 1e-38 would overflow logits / T; spekula.sampling computes it as its limit, the argmax
+    (the fake model has no ties), so the text is greedy decoding's. top_k -1 is vLLM's "off"."""
+    url = fast.url + "/v1/completions"
+    r = httpx.post(url, json={"model": MODEL, "prompt": "abc", "max_tokens": 12}, timeout=WAIT)
+    greedy = r.json()["choices"][0]["text"]
+    for extra in ({"temperature": 1e-38}, {"temperature": 5e-324, "top_k": -1, "top_p": 1e-300}):
+        body = {"model": MODEL, "prompt": "abc", "max_tokens": 12, "seed": 1, "stream": stream, **extra}
+        r = httpx.post(url, json=body, timeout=WAIT)
+        assert r.status_code == 200, r.text
+        if stream:
+            events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]" and not any('"error"' in e for e in events)
+            text = "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"])
+        else:
+            text = r.json()["choices"][0]["text"]
+        assert text == greedy and text
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 5, "temperature": 0.7, "top_k": -1}
+    r = httpx.post(url, json=body, timeout=WAIT)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
 def test_bad_input_through_the_openai_client_raises_its_exceptions(fast):

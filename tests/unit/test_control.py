@@ -1,25 +1,17 @@
-"""The cost model and the --k auto controller."""
+"""The --k auto controller: how far, speculate, probe; and what it learns per request and per draft class."""
+
+import dataclasses
 
 import pytest
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import NO_DRAFT, AdaptiveK, CostModel, FixedK, calibration_widths, expected_tokens
+from spekula.control import AdaptiveK, FixedK
+from spekula.cost import CostModel
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
+from spekula.proposers.base import NO_DRAFT
 from spekula.testing import random_table_backend
 from spekula.trace import ListTrace
-
-
-def test_expected_tokens_formula():
-    assert expected_tokens(0.0, 5) == 1.0
-    assert expected_tokens(1.0, 5) == 6.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
-
-
-def test_interpolation_between_measured_widths():
-    c = CostModel(target_s={1: 1.0, 5: 3.0})
-    assert c.target_cost(3) == pytest.approx(2.0)
-    assert c.target_cost(9) == pytest.approx(5.0)  # extrapolated with the last slope
 
 
 def memory_bound():  # bf16 on CPU: 9 tokens cost about what 1 costs
@@ -27,41 +19,8 @@ def memory_bound():  # bf16 on CPU: 9 tokens cost about what 1 costs
 
 
 def compute_bound():  # llama.cpp Q4 on 2 cores: 5 tokens ~4x one
-    return CostModel(target_s={n: 0.032 * (0.75 * n + 0.25) for n in range(1, 10)}, draft_s_per_token=0.023, frozen=True)
-
-
-def test_memory_bound_target_drafts_long_when_acceptance_is_high():
-    assert memory_bound().best_k(alpha=0.6, k_max=8)[0] in (1, 2)
-    k, speedup = memory_bound().best_k(alpha=0.95, k_max=8)
-    assert k >= 3 and speedup > 1.5
-
-
-def test_batched_passes_switch_speculation_off_as_the_batch_grows():
-    # Packed fp32 weights on a CPU: flat up to ~16 rows, then compute-bound (linear in rows).
-    c = CostModel(target_s={1: 0.65, 9: 0.80, 16: 0.95, 32: 1.9, 64: 3.8, 144: 8.6}, draft_s_per_token=0.04, frozen=True)
-    alone, speedup_alone = c.best_batch_k([0.75], k_max=8)
-    assert (alone, speedup_alone) == c.best_k(0.75, k_max=8) and alone >= 3 and speedup_alone > 1.5
-    k16, speedup16 = c.best_batch_k([0.75] * 16, k_max=8)
-    assert k16 == 0 and speedup16 == 1.0  # 16 plain rows cost 0.95 s: per token, plain is already cheap
-    k4, _ = c.best_batch_k([0.75] * 4, k_max=8)
-    assert 0 < k4 < alone  # in between: shorter drafts
-    assert c.best_batch_k([0.0] * 4, k_max=8)[0] == 0
-
-
-def test_compute_bound_target_with_a_costly_draft_decodes_plainly():
-    k, speedup = compute_bound().best_k(alpha=0.75, k_max=8)
-    assert k == 0 and speedup == 1.0
-
-
-def test_low_acceptance_means_plain_decoding():
-    assert memory_bound().best_k(alpha=0.05, k_max=8)[0] == 0
-
-
-def test_free_draft_on_compute_bound_target_still_pays_when_acceptance_is_high():
-    c = compute_bound()
-    c.draft_s_per_token = 0.0  # n-gram lookup
-    k, speedup = c.best_k(alpha=0.9, k_max=8)
-    assert k >= 1 and speedup > 1.0
+    target_s = {n: 0.032 * (0.75 * n + 0.25) for n in range(1, 10)}
+    return CostModel(target_s=target_s, draft_s_per_token=0.023, frozen=True)
 
 
 def test_controller_turns_speculation_off_then_probes_and_recovers():
@@ -166,7 +125,8 @@ def test_auto_k_stays_lossless_and_learns_acceptance():
     prompt = [1, 2, 3]
     plain = Engine(target).generate(prompt, SamplingParams(), StopConfig(max_tokens=60)).run()
     for draft_seed, expect_spec in [(0, True), (99, False)]:
-        engine = Engine(target, DraftModelFactory(random_table_backend(40, seed=draft_seed, order=2)), SpecConfig(k=None, k_max=6))
+        draft = DraftModelFactory(random_table_backend(40, seed=draft_seed, order=2))
+        engine = Engine(target, draft, SpecConfig(k=None, k_max=6))
         engine.costs = memory_bound()
         g = engine.generate(prompt, SamplingParams(), StopConfig(max_tokens=60)).run()
         assert g.token_ids == plain.token_ids
@@ -188,30 +148,6 @@ def test_no_probing_where_even_perfect_acceptance_cannot_pay():
     for _ in range(4):
         ctl.observe(1, 1, 0, 0.04, 0.137)
     assert [ctl.choose_k() for _ in range(50)] == [0] * 50
-
-
-def test_online_observations_refine_the_costs():
-    c = CostModel(target_s={1: 1.0})
-    c.observe_target(1, 2.0)
-    c.observe_target(3, 0.5)
-    assert 1.0 < c.target_s[1] < 2.0 and c.target_s[3] == 0.5
-
-
-def test_calibration_measures_every_width():
-    target = random_table_backend(20, seed=0)
-    engine = Engine(target, DraftModelFactory(random_table_backend(20, seed=1)), SpecConfig(k=None, k_max=3))
-    engine.calibrate()
-    assert sorted(engine.costs.target_s) == [1, 2, 3, 4]
-    assert engine.costs.draft_s_per_token > 0
-
-
-def test_calibration_times_every_narrow_width_and_every_fourth_past_nine():
-    assert calibration_widths(3) == [1, 2, 3, 4]
-    assert calibration_widths(16) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17]
-    assert calibration_widths(18) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 19]  # k_max + 1 itself, always
-    costs = CostModel()
-    costs.calibrate(random_table_backend(20, seed=0), k_max=16, max_rows=4 * 17)  # a server: 4 x 17 rows
-    assert sorted(costs.target_s) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 32, 64, 68]
 
 
 def llamacpp_like():  # llama.cpp Q4 on 2 cores, measured: a 2-token pass 1.45x a one-token pass, 9 tokens 6.1x
@@ -247,11 +183,6 @@ def test_a_requests_own_evidence_carries_across_draft_classes():
     assert costs.prior_acceptance("1-gram") == [0.2] * 4  # what a new request expects is unchanged
 
 
-def test_expected_tokens_by_draft_position():
-    assert expected_tokens([0.5, 1.0], 3) == pytest.approx(1 + 0.5 + 0.5 + 0.5)  # the last rate holds for later positions
-    assert expected_tokens([0.6] * 4, 6) == pytest.approx(expected_tokens(0.6, 6))
-
-
 def test_nothing_to_draft_is_plain_decoding_and_not_a_decision():
     ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4, probe_budget=1.0)
     assert ctl.choose_k(draft_class=NO_DRAFT) == 0 and ctl.predicted_speedup == 1.0
@@ -267,7 +198,8 @@ def test_the_trace_says_what_the_proposer_knew_before_drafting():
     target = random_table_backend(40, seed=0, order=1)
     trace = ListTrace()
     prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 3
-    Engine(target, NgramFactory(4, 1), SpecConfig(k=4)).generate(prompt, SamplingParams(), StopConfig(max_tokens=16), trace).run()
+    engine = Engine(target, NgramFactory(4, 1), SpecConfig(k=4))
+    engine.generate(prompt, SamplingParams(), StopConfig(max_tokens=16), trace).run()
     classes = {r.draft_class for r in trace.steps}
     assert classes <= {NO_DRAFT, "1-gram", "2-gram", "3-gram", "4-gram"} and "4-gram" in classes
     for r in trace.steps:
@@ -287,3 +219,81 @@ def test_probes_are_rarer_where_a_wider_pass_is_dear():
         ctl.observe(1, 1, 0, 0.0, None)
     ks = [ctl.choose_k(remaining=1000) for _ in range(gap)]
     assert ks == [0] * (gap - 1) + [1]
+
+
+def test_learnt_state_is_not_configuration():
+    configuration = [f.name for f in dataclasses.fields(AdaptiveK) if f.init]
+    assert configuration == [
+        "costs", "k_max", "probe_every", "probe_budget", "max_probe_every", "min_probe_gain", "prior_weight", "decay",
+    ]
+    with pytest.raises(TypeError):
+        AdaptiveK(memory_bound(), _accepted=5.0)
+
+
+def test_how_far_is_the_fastest_k_up_to_the_slow_start_cap():
+    dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)  # a wide pass is dear
+    ctl = AdaptiveK(dear, k_max=8)
+    sure = [1.0] * 4
+    assert dear.best_k(sure, 8)[0] == 8
+    assert ctl._how_far(sure) == dear.best_k(sure, 1) and ctl._how_far(sure)[0] == 1  # a new request risks 1
+    cheap = CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808}, draft_s_per_token=0.040, frozen=True)
+    ctl = AdaptiveK(cheap, k_max=8)
+    assert ctl.k_cap == 8 and ctl._how_far([0.9] * 4) == cheap.best_k([0.9] * 4, 8)
+
+
+def test_should_speculate_only_above_zero_and_when_a_cold_drafts_catch_up_pays_back():
+    costs = memory_bound()
+    costs.draft_prefill_s_per_token = 0.01  # 500 context tokens to catch up: 5 s
+    ctl = AdaptiveK(costs, k_max=8)
+    likely = [0.9] * 4
+    assert not ctl._should_speculate(likely, 0, None, 0)  # k = 0: plain decoding won
+    assert ctl._should_speculate(likely, 4, None, 0)
+    assert ctl._should_speculate(likely, 4, 10, 0)  # a warm draft has nothing to win back
+    assert not ctl._should_speculate(likely, 4, 10, 500)  # 10 tokens cannot win back 5 s
+    assert ctl._should_speculate(likely, 4, 400, 500)
+
+
+def test_probe_due_counts_plain_steps_and_backs_off():
+    ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4, probe_budget=1.0)
+    due = [ctl._probe_due(None, 0) for _ in range(4 + 8)]
+    assert [i for i, d in enumerate(due) if d] == [3, 11]  # after 4 plain steps, then after 8
+
+
+def test_probe_due_waits_while_too_few_tokens_remain_then_probes():
+    ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4, probe_budget=1.0)
+    assert [ctl._probe_due(3, 0) for _ in range(6)] == [False] * 6  # 3 tokens left < a gap of 4
+    assert ctl._probe_due(100, 0)  # the clock stayed ripe: the first step with room probes
+
+
+def test_no_probe_is_due_where_perfect_acceptance_cannot_pay_and_the_clock_stands_still():
+    ctl = AdaptiveK(compute_bound(), k_max=8, probe_every=2, probe_budget=1.0)
+    assert [ctl._probe_due(None, 0) for _ in range(50)] == [False] * 50
+    assert ctl.first_probe_gap == 2
+    ctl.min_probe_gain = 0.0  # any gain would do now: the clock starts from zero, not from 50 plain steps
+    assert [ctl._probe_due(None, 0) for _ in range(2)] == [False, True]
+
+
+def test_a_cold_draft_is_probed_only_where_usual_acceptance_wins_back_its_catch_up():
+    dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, draft_s_per_token=0.04, frozen=True)
+    dear.draft_prefill_s_per_token = 0.01
+    ctl = AdaptiveK(dear, k_max=8)
+    dear.alpha = 0.95
+    assert ctl._usual_acceptance_pays_back(100, 100)
+    assert not ctl._usual_acceptance_pays_back(1, 100)  # one token cannot win back 1 s
+    dear.alpha = 0.6  # no k beats plain decoding at the usual acceptance
+    assert not ctl._usual_acceptance_pays_back(100, 100)
+
+
+def test_speculating_again_restarts_the_probe_clock():
+    ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4, probe_budget=1.0)
+    for _ in range(10):
+        ctl.observe(4, 4, 0, 0.32, 0.21)
+    ks = [ctl.choose_k() for _ in range(4 + 8)]
+    assert [i for i, k in enumerate(ks) if k] == [3, 11]  # the gap has grown to 16
+    for _ in range(15):
+        ctl.observe(1, 1, 1, 0.08, 0.2)
+    assert ctl.choose_k() >= 2
+    for _ in range(30):
+        ctl.observe(4, 4, 0, 0.32, 0.21)
+    ks = [ctl.choose_k() for _ in range(4)]
+    assert ks == [0, 0, 0, 1]  # after 4 plain steps again, not 16

@@ -8,7 +8,7 @@ import torch
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError
-from spekula.proposers import DraftModelFactory, NgramFactory, build_proposer
+from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory, build_proposer
 from spekula.testing import FunctionBackend, random_table_backend
 from spekula.trace import ListTrace
 
@@ -25,6 +25,7 @@ def proposers():
         "same-model": DraftModelFactory(random_table_backend(VOCAB, seed=0, order=2)),  # alpha ~ 1
         "random-model": DraftModelFactory(random_table_backend(VOCAB, seed=123, order=2)),  # alpha ~ 0
         "ngram": NgramFactory(4, 1),
+        "suffix": SuffixFactory(),
     }
 
 
@@ -32,7 +33,7 @@ def run(engine, prompt, max_tokens=30, sampling=SamplingParams(), **kw):
     return engine.generate(prompt, sampling, StopConfig(max_tokens=max_tokens, **kw)).run()
 
 
-@pytest.mark.parametrize("name", ["same-model", "random-model", "ngram"])
+@pytest.mark.parametrize("name", ["same-model", "random-model", "ngram", "suffix"])
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_speculative_equals_plain(name, k):
     t = target()
@@ -58,7 +59,7 @@ def test_plain_decoding_counts():
     assert (s.output_tokens, s.target_passes, s.drafted, s.tau, s.alpha) == (12, 12, 0, 1.0, None)
 
 
-@pytest.mark.parametrize("name", ["same-model", "random-model", "ngram"])
+@pytest.mark.parametrize("name", ["same-model", "random-model", "ngram", "suffix"])
 def test_caches_hold_exactly_the_committed_tokens(name):
     t = target()
     gen = Engine(t, proposers()[name], SpecConfig(k=4)).generate(PROMPTS[2], SamplingParams(temperature=1.0, seed=3), StopConfig(max_tokens=40))
@@ -204,7 +205,9 @@ def test_closing_early_frees_the_caches():
         (lambda: SpecConfig(k=-1), "k (draft length) must be an integer >= 0"),
         (lambda: SpecConfig(draft_confidence=1.0), "draft_confidence must be a probability strictly between 0 and 1"),
         (lambda: SamplingParams(top_p=1.5), "top_p must be in (0, 1]"),
-        (lambda: SamplingParams(temperature=-1), "temperature must be a number >= 0"),
+        (lambda: SamplingParams(temperature=-1), "temperature must be a finite number >= 0"),
+        (lambda: SamplingParams(temperature=float("nan")), "temperature must be a finite number >= 0"),
+        (lambda: SamplingParams(temperature=float("inf")), "temperature must be a finite number >= 0"),
         (lambda: SamplingParams(top_k=-2), "top_k must be an integer >= 0"),
         (lambda: SamplingParams(min_p=1.0), "min_p must be in [0, 1)"),
         (lambda: StopConfig(max_tokens=0), "max_tokens must be an integer >= 1"),

@@ -18,6 +18,7 @@ from spekula.backends.native_loader import args_from_hf_config, load_weights
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, ModelError
+from spekula.limits import ContextExceeded, OutOfVocabulary
 from spekula.proposers import DraftModelFactory
 
 VOCAB = 96
@@ -32,7 +33,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _build(kind: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2}[kind])
     if kind == "llama":  # SmolLM2-like: tied embeddings, grouped-query attention
@@ -210,39 +218,24 @@ def test_forward_batch_refuses_a_sequence_twice(llama):
         native.forward_batch([seq, seq], [[1], [2]])
 
 
-# -- static shapes (the CUDA-graph seam, run eagerly here) ------------------------------------------
+# -- limits (spekula.limits, checked before anything is written to the cache) ------------------------
 
 
-def test_static_mode_pads_blocks_and_matches(llama):
-    _, model, path = llama
-    static = NativeBackend.load(path, max_cache_len=64, static=True, block_sizes=(4, 8))
+def test_max_cache_len_caps_the_context_and_bad_forwards_leave_the_sequence_as_it_was(llama):
+    native, model, path = llama
+    short = NativeBackend.load(path, max_cache_len=64)
+    assert short.context_length == 64 and native.context_length == COMMON["max_position_embeddings"]
     ids = tokens(30, seed=6)
-    seq = static.new_sequence()
-    assert seq.forward(ids[:3]).shape == (3, VOCAB)  # padded to 4 inside, 3 rows out
-    assert seq.capacity == 64  # allocated in full at once
-    close(seq.forward(ids[3:4]), reference(model, ids[:4])[-1:])
-    close(seq.forward(ids[4:9]), reference(model, ids[:9])[4:])  # 5 tokens padded to 8
-    seq.truncate(6)
-    close(seq.forward(ids[6:8]), reference(model, ids[:8])[6:])  # stale padded slots stay invisible
-    out = seq.forward(TREE_TOKENS, block_mask=tree_mask(TREE_PARENTS))
-    close(out[4], reference(model, ids[:8] + tree_path(TREE_PARENTS, 4))[-1])
-    assert static.context_length == 64
-    with pytest.raises(ConfigError, match="exceeds the model's context"):
-        seq.forward(list(range(60)))
-
-
-def test_static_caches_are_reused_and_what_they_held_stays_invisible(llama):
-    _, model, path = llama
-    static = NativeBackend.load(path, max_cache_len=64, static=True, block_sizes=(4, 8))
-    first = static.new_sequence()
-    first.forward(tokens(40, seed=20))
-    cache = first.cache
-    first.release()
-    second = static.new_sequence()
-    ids = tokens(9, seed=21)
-    close(second.forward(ids[:5]), reference(model, ids[:5]))  # padded to 8 over the old sequence's slots
-    assert second.cache is cache  # the same tensor, so a captured graph's address stays valid
-    close(second.forward(ids[5:]), reference(model, ids)[5:])
+    seq = short.new_sequence()
+    seq.forward(ids[:20])
+    with pytest.raises(ContextExceeded, match="sequence of 65 tokens exceeds the model's context of 64"):
+        seq.forward(tokens(45, seed=7))
+    with pytest.raises(OutOfVocabulary, match=rf"\[{VOCAB}, -1\] are outside the vocabulary \[0, {VOCAB}\)"):
+        seq.forward([1, VOCAB, -1])
+    with pytest.raises(ValueError, match="at least one token"):
+        seq.forward([])
+    assert seq.tokens == ids[:20]
+    close(seq.forward(ids[20:]), reference(model, ids)[20:])  # still usable after the refusals
 
 
 def test_packed_layout_gives_the_same_logits_whatever_the_block_width(llama):
@@ -287,7 +280,8 @@ def test_config_parsing_and_refusals(llama):
     args = native.args
     assert (args.tie_embeddings, args.qkv_bias, args.n_kv_heads, args.head_dim) == (True, False, 2, 16)
     assert "output.weight" not in load_weights(path, torch.float32).weights  # tied: no second copy
-    qwen = args_from_hf_config({**COMMON, "model_type": "qwen2", "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
+    rope = {"rope_theta": 1e6, "rope_type": "default"}
+    qwen = args_from_hf_config({**COMMON, "model_type": "qwen2", "rope_parameters": rope})
     assert qwen.qkv_bias and not qwen.o_bias and qwen.rope_theta == 1e6 and qwen.sliding_window == ()
     llama3 = args_from_hf_config({**COMMON, "model_type": "llama", "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -359,7 +353,8 @@ def test_refuses_a_checkpoint_with_a_missing_tensor(tmp_path):
         '{"model_type": "llama", "vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, '
         '"num_attention_heads": 1, "intermediate_size": 8, "tie_word_embeddings": true}'
     )
-    save_file({"model.embed_tokens.weight": torch.zeros(8, 4), "model.norm.weight": torch.ones(4)}, tmp_path / "model.safetensors")
+    weights = {"model.embed_tokens.weight": torch.zeros(8, 4), "model.norm.weight": torch.ones(4)}
+    save_file(weights, tmp_path / "model.safetensors")
     with pytest.raises(ModelError, match="no tensor 'model.layers.0.input_layernorm.weight'"):
         NativeBackend.load(tmp_path)
 

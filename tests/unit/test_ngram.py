@@ -1,5 +1,5 @@
 from spekula.config import SamplingParams
-from spekula.control import NO_DRAFT
+from spekula.proposers.base import NO_DRAFT
 from spekula.proposers.ngram import NgramProposer
 
 

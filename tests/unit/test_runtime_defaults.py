@@ -5,8 +5,8 @@ import importlib.util
 
 import pytest
 
-from spekula.cli import add_model_options, draft_backend_from_args
 from spekula.config import BackendConfig
+from spekula.options import add_model_options, draft_backend_from_args
 from spekula.pipeline import DEFAULT_RUNTIME, default_draft_runtime, draft_backend_config
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None

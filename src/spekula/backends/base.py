@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spekula.errors import ConfigError
+from spekula.limits import check_forward
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,7 @@ class Sequence(ABC):
 
         Returns float32 logits [num_logits, V] for the last num_logits positions (all S if None).
         """
-        if len(token_ids) == 0:
-            raise ValueError("forward needs at least one token")
-        if self.length + len(token_ids) > self.context_length:
-            raise ConfigError(
-                f"sequence of {self.length + len(token_ids)} tokens exceeds the model's context of "
-                f"{self.context_length}; shorten the prompt or lower max_tokens"
-            )
+        check_forward(self.length, len(token_ids), self.context_length)
         num_logits = len(token_ids) if num_logits is None else num_logits
         logits = self._forward(list(token_ids), num_logits)
         self.tokens.extend(int(t) for t in token_ids)

@@ -1,6 +1,6 @@
 """Hugging Face transformers as a runtime: any causal LM directory transformers can load.
 
-Rollback uses DynamicCache.crop, so the cache grows by concatenation; the native runner (static
+Rollback uses DynamicCache.crop, so the cache grows by concatenation; the native runner (preallocated
 cache, rollback = moving a pointer) is the fast path, this one is the reference.
 """
 

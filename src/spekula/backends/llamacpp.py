@@ -20,19 +20,16 @@ import torch
 
 from spekula.backends.base import Backend, Capabilities, Sequence
 from spekula.config import BackendConfig
-from spekula.errors import ConfigError, ModelError
-
-INSTALL_HINT = "install it with `make setup` (or: pip install llama-cpp-python==0.3.36; it builds llama.cpp, ~5 minutes)"
+from spekula.errors import ConfigError
+from spekula.extras import needs_extra
 
 
 class LlamaCppBackend(Backend):
     capabilities = Capabilities(batching=False, tree_mask=False, block_invariant=False)
 
     def __init__(self, gguf_path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig(), context_length: int = 4096) -> None:
-        try:
+        with needs_extra("llamacpp", "the llama.cpp backend"):
             import llama_cpp  # noqa: F401
-        except ImportError:
-            raise ModelError(f"the llama.cpp backend needs llama-cpp-python; {INSTALL_HINT}") from None
         if config.dtype != "float32":
             raise ConfigError(
                 f"the llama.cpp backend computes in the GGUF's own quantised types; --dtype {config.dtype} does not apply "

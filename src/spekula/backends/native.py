@@ -1,8 +1,8 @@
 """Native PyTorch runner for the Llama family (Llama, Qwen2, Mistral, SmolLM2), gpt-fast style.
 
-The whole model is this file: ModelArgs, RoPE, one transformer Block, and a static KV cache per
-sequence where rollback is moving a pointer. Weights come from native_loader (Hugging Face
-safetensors directories or GGUF files).
+The whole model is this file: RoPE, one transformer Block, and a KV cache per sequence where
+rollback is moving a pointer. Weights and their shapes (ModelArgs) come from native_loader (Hugging
+Face safetensors directories or GGUF files).
 
 Shapes: T = tokens in one packed forward (all sequences together), S = one sequence's new tokens,
 L = keys attended (cached prefix + S), H / Hkv = query / key-value heads, hd = head dim, D = model dim.
@@ -14,19 +14,15 @@ then runs per sequence against that sequence's own cache (no padding, no cross-s
 KV cache of one sequence: [n_layers, 2 (k, v), Hkv, capacity, hd]. Slot i holds position i. The
 cache holds valid keys for slots < length; `truncate` only lowers length (the Sequence base class
 keeps `tokens`), so stale slots past it are never attended and are overwritten by the next forward.
-Capacity grows on demand (doubling, copied once) up to max_cache_len, or is allocated in full at
-once in static mode.
+Capacity grows on demand (doubling, copied once) up to max_cache_len.
 
 Weights: fp32 on a CPU, every Linear runs on a oneDNN-packed copy (layout "packed", the default
 there), which verifies a block of tokens for little more than one token costs; elsewhere weights
 stay as checkpoints store them ([out, in], row-major).
 
-Static mode (the CUDA-graph seam, off by default): every block is padded to a bucket of sizes, keys
-are written by an index tensor and attention spans the whole cache under a mask, so a verify pass
-of k + 1 tokens always has the same shapes and can be captured (`compile=True` wraps the model in
-torch.compile, mode reduce-overhead: CUDA graphs for blocks up to the largest bucket; longer blocks,
-i.e. prefills, run eagerly). A released static cache is kept and handed to the next sequence, so a
-captured graph keeps writing to the same address. The CPU path needs none of it.
+Every shape follows the block, so nothing here is captured as a CUDA graph. A static-shape mode for
+torch.compile (blocks padded to fixed sizes, caches at fixed addresses) lived here untested on a GPU
+and was taken out until it can be; git history has it.
 """
 
 from __future__ import annotations
@@ -41,35 +37,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from spekula.backends.base import Backend, Capabilities, Sequence
+from spekula.backends.native_loader import ModelArgs
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError, ModelError
+from spekula.limits import check_forward, check_token_ids
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LAYOUTS = ("auto", "packed", "rows")
 CACHE_CHUNK = 256  # cache capacity grows in multiples of this many slots
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    vocab_size: int
-    dim: int  # D
-    n_layers: int
-    n_heads: int  # H
-    n_kv_heads: int  # Hkv (grouped-query attention when < H)
-    head_dim: int  # hd
-    hidden_dim: int  # MLP intermediate size
-    norm_eps: float
-    max_seq_len: int  # max_position_embeddings
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", ...}; None = plain RoPE
-    qkv_bias: bool = False  # Qwen2
-    o_bias: bool = False
-    mlp_bias: bool = False
-    tie_embeddings: bool = False  # output layer = token embedding (SmolLM2)
-    sliding_window: tuple[int | None, ...] = ()  # per layer (Mistral, some Qwen2); () = none anywhere
-
-    def window(self, layer: int) -> int | None:
-        return self.sliding_window[layer] if self.sliding_window else None
 
 
 # -- RoPE (rotate-half convention, as in Hugging Face checkpoints) --------------------------------
@@ -97,7 +72,9 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     raise ModelError(f"the native runner does not implement RoPE scaling {kind!r}; use the transformers backend")
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = positions[:, None].float() * inv_freq  # [T, hd / 2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -129,9 +106,9 @@ class RMSNorm(nn.Module):
 class Linear(nn.Linear):
     """nn.Linear that runs on oneDNN's packed copy of its weight when it has one (layout="packed").
 
-    Otherwise, for several rows in fp32 on a CPU, it computes x @ W^T as (W @ x^T)^T: MKL (AVX2,
-    measured here) is up to 2x faster with the big weight as the untransposed operand. One row stays a
-    plain matrix-vector product, and bf16 stays on F.linear (oneDNN).
+    Otherwise, for several rows in fp32 on a CPU, it computes x @ W^T as (W @ x^T)^T: MKL is faster
+    with the big weight as the untransposed operand (scripts/pass_costs.py --runtime native measures
+    the pass costs). One row stays a plain matrix-vector product, and bf16 stays on F.linear (oneDNN).
     """
 
     packed: torch.Tensor | None = None  # set by use_packed_weights; then `weight` is an empty placeholder
@@ -241,7 +218,9 @@ class Transformer(nn.Module):
         model.inv_freq = rope_inv_freq(args)  # built on the meta device above
         return model.eval()
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segments: list[Segment], logit_rows: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, segments: list[Segment], logit_rows: torch.Tensor
+    ) -> torch.Tensor:
         # tokens, positions: [T] long; logit_rows: [N] long -> float32 logits [N, V]
         x = self.tok_embeddings(tokens)  # [T, D]
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)  # [T, hd] each
@@ -254,12 +233,11 @@ class Transformer(nn.Module):
 def use_packed_weights(model: Transformer, rows_hint: int = 16) -> None:
     """Give every fp32 Linear a oneDNN-packed copy of its weight (CPU) and drop the plain one.
 
-    This is what makes verification cheap on a CPU: MKL's x @ W^T is slow for the 2-16 rows of a
-    verify block, oneDNN's packed product is not. Measured here (AVX2, 2 threads) with
-    `scripts/pass_costs.py --runtime native`: the whole Qwen 1.5B verifies 9 tokens for ~1.22x the
-    price of one, where transformers (MKL) pays ~3.9x.
-    rows_hint: the block width oneDNN chooses its blocking for. A verify block is at most k_max + 1
-    rows: 17 with the default k_max of 16, one past this default (not measured whether that matters).
+    This is what makes verification cheap on a CPU: MKL's x @ W^T is slow for the few rows of a
+    verify block, oneDNN's packed product is not (`scripts/pass_costs.py --runtime native` measures
+    a pass of 1..K+1 tokens; docs/BENCHMARKS.md has the cost curves against transformers).
+    rows_hint: the block width oneDNN chooses its blocking for. A verify block has up to k_max + 1
+    rows (SpecConfig.k_max); whether the hint must match that width is not measured.
     A tied output head keeps the plain weight, which the embedding lookup still reads.
     """
     for module in model.modules():
@@ -286,7 +264,7 @@ def attention_mask(
         return None
     query = torch.arange(start, start + size)[:, None]  # [S, 1] the query's own slot
     slot = torch.arange(kv_len)[None, :]  # [1, kv_len]
-    mask = slot <= query  # causal over slots; also hides stale slots past the block (static mode)
+    mask = slot <= query  # causal over slots
     if block_mask is not None:
         mask[:, start : start + size] = block_mask
     if window is not None:
@@ -310,14 +288,9 @@ class NativeBackend(Backend):
         eos_token_ids: Seq[int] = (),
         *,
         max_cache_len: int | None = None,
-        static: bool = False,
-        block_sizes: Seq[int] = (1, 2, 4, 8, 16),
-        compile: bool = False,
         layout: str = "auto",
     ) -> None:
         """max_cache_len: most tokens one sequence may hold (default: the model's context).
-        static: caches allocated in full, blocks padded up to one of block_sizes, attention over the
-        whole cache under a mask: fixed shapes for CUDA graphs. compile: torch.compile the model (static only).
         layout: "packed" (oneDNN blocked weights, fp32 on a CPU: see use_packed_weights), "rows" (as
         stored) or "auto" (packed where it applies, else rows).
         """
@@ -332,23 +305,21 @@ class NativeBackend(Backend):
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.dtype = model.tok_embeddings.weight.dtype
         self.device = model.tok_embeddings.weight.device
-        self.static = static or compile
-        self.block_sizes = sorted(block_sizes)
         packable = self.device.type == "cpu" and self.dtype == torch.float32 and torch.backends.mkldnn.is_available()
         if layout == "packed" and not packable:
             raise ConfigError("layout='packed' needs fp32 weights on a CPU with oneDNN; use layout='rows'")
         self.layout = "packed" if layout == "auto" and packable else ("rows" if layout == "auto" else layout)
         if self.layout == "packed":
             use_packed_weights(model)
-        if compile and self.device.type != "cuda":
-            raise ConfigError("compile=True is for CUDA (untested so far); the CPU path runs eagerly")
-        self.step = torch.compile(model, dynamic=False, mode="reduce-overhead") if compile else model
-        self.compiled = compile
-        self.free_caches: list[torch.Tensor] = []  # released static caches, reused (fixed addresses)
 
     @classmethod
     def load(
-        cls, path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig(), device: str = "cpu", **kw
+        cls,
+        path: str | Path,
+        name: str | None = None,
+        config: BackendConfig = BackendConfig(),
+        device: str = "cpu",
+        **kw,
     ) -> "NativeBackend":
         """A Hugging Face directory or a .gguf file; keyword arguments as for the constructor."""
         from spekula.backends.native_loader import load_weights
@@ -364,7 +335,7 @@ class NativeBackend(Backend):
 
     def describe(self) -> dict:
         dtype = str(self.dtype).removeprefix("torch.")
-        return {**super().describe(), "dtype": dtype, "layout": self.layout, "static": self.static}
+        return {**super().describe(), "dtype": dtype, "layout": self.layout}
 
     @torch.inference_mode()
     def forward_batch(
@@ -393,21 +364,15 @@ class NativeBackend(Backend):
             ids = [int(t) for t in ids]
             wanted = len(ids) if wanted is None else wanted
             self._check(seq, ids, wanted, block_mask)
-            segment, padded_ids, depth = self._segment(seq, ids, block_mask, row=len(tokens))
-            logit_rows.extend(range(segment.rows.start + len(ids) - wanted, segment.rows.start + len(ids)))
-            tokens.extend(padded_ids)
+            segment, depth = self._segment(seq, ids, block_mask, row=len(tokens))
+            logit_rows.extend(range(segment.rows.stop - wanted, segment.rows.stop))
+            tokens.extend(ids)
             positions.append(seq.length + depth)
             segments.append(segment)
             counts.append(wanted)
 
         inputs = (torch.tensor(tokens, device=self.device), torch.cat(positions).to(self.device), segments)
-        rows = torch.tensor(logit_rows, device=self.device)
-        if self.compiled and len(tokens) <= self.block_sizes[-1]:
-            # A captured shape: logits for every row (fixed shapes), the wanted ones copied out, as the
-            # graph overwrites its output on its next replay.
-            logits = self.step(*inputs, torch.arange(len(tokens), device=self.device))[rows]
-        else:
-            logits = self.model(*inputs, rows)
+        logits = self.model(*inputs, torch.tensor(logit_rows, device=self.device))
         logits = logits.cpu()  # [sum(num_logits), V]; the engine verifies and samples on the CPU
         for seq, ids in zip(sequences, token_lists):
             seq.tokens.extend(int(t) for t in ids)
@@ -415,66 +380,43 @@ class NativeBackend(Backend):
 
     def _segment(
         self, seq: "NativeSequence", ids: list[int], block_mask: torch.Tensor | None, row: int
-    ) -> tuple[Segment, list[int], torch.Tensor]:
-        """Plan one sequence's share of the forward: cache room, slots, masks; padding in static mode.
+    ) -> tuple[Segment, torch.Tensor]:
+        """Plan one sequence's share of the forward: cache room, slots, masks.
 
-        Returns the segment, the token ids to feed (padded) and their depths [S'] (position - length).
+        Returns the segment and the new tokens' depths [S] (position - length).
         """
         S, start = len(ids), seq.length
-        padded = self._bucket(S, seq.capacity_limit - start) if self.static else S
-        seq.reserve(start + padded)
+        seq.reserve(start + S)
         if block_mask is not None:
             block_mask = block_mask.to(torch.bool)
             depth = block_mask.sum(-1) - 1  # [S] tree depth of each node; = 0..S-1 when causal
         else:
             depth = torch.arange(S)
-        if padded > S:  # padding tokens follow the block causally; no real token sees them
-            ids = ids + [0] * (padded - S)
-            depth = torch.cat((depth, depth.max() + 1 + torch.arange(padded - S)))
-            if block_mask is not None:
-                full = torch.ones(padded, padded, dtype=torch.bool).tril_()
-                full[:S, :S] = block_mask
-                block_mask = full
-        kv_len = seq.capacity if self.static else start + padded
+        kv_len = start + S
         segment = Segment(
             cache=seq.cache,
-            rows=slice(row, row + padded),
-            slots=torch.arange(start, start + padded, device=self.device),
+            rows=slice(row, row + S),
+            slots=torch.arange(start, start + S, device=self.device),
             kv_len=kv_len,
             mask=_to(attention_mask(start, depth, kv_len, block_mask, None), self.device),
         )
         for window in {w for w in self.args.sliding_window if w is not None}:
             segment.window_masks[window] = _to(attention_mask(start, depth, kv_len, block_mask, window), self.device)
-        return segment, ids, depth
+        return segment, depth
 
     def _check(self, seq: "NativeSequence", ids: list[int], wanted: int, block_mask: torch.Tensor | None) -> None:
         if seq.backend is not self:
             raise ValueError("the sequence belongs to another backend")
         S = len(ids)
-        if S == 0:
-            raise ValueError("forward needs at least one token")
-        if seq.length + S > self.context_length:
-            raise ConfigError(
-                f"sequence of {seq.length + S} tokens exceeds the model's context of "
-                f"{self.context_length}; shorten the prompt or lower max_tokens"
-            )
+        check_forward(seq.length, S, self.context_length)
         if not 1 <= wanted <= S:
             raise ValueError(f"num_logits must be in [1, {S}], got {wanted}")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        check_token_ids(ids, self.vocab_size)
         if block_mask is not None:
             if tuple(block_mask.shape) != (S, S):
                 raise ValueError(f"block_mask must be [{S}, {S}] for {S} new tokens, got {list(block_mask.shape)}")
             if not bool(block_mask.to(torch.bool).diagonal().all()):
                 raise ValueError("block_mask must let every token see itself (a True diagonal)")
-
-    def _bucket(self, size: int, room: int) -> int:
-        """The smallest block size >= size (static mode), never past the end of the cache."""
-        for bucket in self.block_sizes:
-            if bucket >= size:
-                return max(size, min(bucket, room))
-        return size
 
 
 def _to(mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -482,7 +424,7 @@ def _to(mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
 
 
 class NativeSequence(Sequence):
-    """One sequence's static KV cache; `length` (= len(tokens)) is the pointer rollback moves."""
+    """One sequence's KV cache; `length` (= len(tokens)) is the pointer rollback moves."""
 
     def __init__(self, backend: NativeBackend) -> None:
         super().__init__(backend.context_length)
@@ -490,7 +432,9 @@ class NativeSequence(Sequence):
         self.capacity_limit = backend.context_length
         self.cache: torch.Tensor | None = None  # [n_layers, 2, Hkv, capacity, hd], allocated on first use
 
-    def forward(self, token_ids: Seq[int], num_logits: int | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, token_ids: Seq[int], num_logits: int | None = None, block_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Sequence.forward, plus an optional [S, S] mask over the new tokens (see forward_batch)."""
         return self.backend.forward_batch([self], [token_ids], [num_logits], [block_mask])[0]
 
@@ -501,8 +445,6 @@ class NativeSequence(Sequence):
         pass  # slots >= length are stale: never attended, overwritten by the next forward
 
     def release(self) -> None:
-        if self.backend.static and self.cache is not None:
-            self.backend.free_caches.append(self.cache)  # the next sequence's: same address for the graphs
         self.cache = None
         self.tokens.clear()
 
@@ -515,22 +457,12 @@ class NativeSequence(Sequence):
         if slots <= self.capacity:
             return
         args, backend = self.backend.args, self.backend
-        if backend.static:
-            capacity = self.capacity_limit
-        else:
-            capacity = max(slots, 2 * self.capacity, CACHE_CHUNK)
-            capacity = min(-(-capacity // CACHE_CHUNK) * CACHE_CHUNK, self.capacity_limit)
+        capacity = max(slots, 2 * self.capacity, CACHE_CHUNK)
+        capacity = min(-(-capacity // CACHE_CHUNK) * CACHE_CHUNK, self.capacity_limit)
         if slots > capacity:
             raise ConfigError(f"{slots} cache slots exceed the limit of {self.capacity_limit}")
-        if backend.static and backend.free_caches:
-            self.cache = backend.free_caches.pop()  # its old slots are stale, as after a truncate
-            return
         shape = (args.n_layers, 2, args.n_kv_heads, capacity, args.head_dim)
-        cache = torch.zeros(shape, dtype=backend.dtype, device=backend.device)  # zeros: a masked slot must not hold NaN
-        if backend.compiled:
-            # Written in place by the graph: CUDA graphs allow that only for an input of fixed address;
-            # guarded, each cache gets its own compiled graph instead of re-recording one graph per swap.
-            torch._dynamo.mark_static_address(cache, guard=True)
+        cache = torch.zeros(shape, dtype=backend.dtype, device=backend.device)
         if self.cache is not None:
             cache[:, :, :, : self.length] = self.cache[:, :, :, : self.length]
         self.cache = cache

@@ -19,10 +19,35 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spekula.backends.native import ModelArgs
 from spekula.errors import ModelError
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")  # model_type in config.json; GGUF general.architecture
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The shape of a model, as native.py's Transformer is built from it (read from config.json or GGUF)."""
+
+    vocab_size: int
+    dim: int  # D
+    n_layers: int
+    n_heads: int  # H
+    n_kv_heads: int  # Hkv (grouped-query attention when < H)
+    head_dim: int  # hd
+    hidden_dim: int  # MLP intermediate size
+    norm_eps: float
+    max_seq_len: int  # max_position_embeddings
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", ...}; None = plain RoPE
+    qkv_bias: bool = False  # Qwen2
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = False  # output layer = token embedding (SmolLM2)
+    sliding_window: tuple[int | None, ...] = ()  # per layer (Mistral, some Qwen2); () = none anywhere
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window[layer] if self.sliding_window else None
+
 
 # role -> source tensor name; {i} = layer, {p} = weight | bias
 HF_NAMES = {

@@ -14,7 +14,9 @@ Two checks, each against plain decoding of the same target:
    with Bonferroni's correction over all tests, the whole audit fails falsely with probability at
    most `level` (default 0.01).
 
-Against a pair of endpoints only the greedy check runs (an HTTP API exposes no exact p).
+Against a pair of endpoints only the greedy check runs (an HTTP API exposes no exact p). A request
+that fails on either side (an error, or an answer that is not whole: spekula.bench.endpoint) is
+listed as an error and its prompt is not compared; the audit then cannot pass.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class AuditReport:
     greedy: list[GreedyCase] = field(default_factory=list)
     distribution: list[DistributionTest] = field(default_factory=list)
     endpoint_greedy: list[GreedyCase] = field(default_factory=list)
+    endpoint_errors: list[dict[str, Any]] = field(default_factory=list)  # {config, prompt_id, repeat, error}
 
     @property
     def threshold(self) -> float:
@@ -78,7 +81,7 @@ class AuditReport:
 
     @property
     def passed(self) -> bool:
-        return self.greedy_passed and self.distribution_passed
+        return self.greedy_passed and self.distribution_passed and not self.endpoint_errors
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class AuditReport:
             "min_pvalue": min((t.pvalue for t in self.distribution), default=None),
             "greedy": [asdict(c) for c in self.greedy],
             "endpoint_greedy": [asdict(c) for c in self.endpoint_greedy],
+            "endpoint_errors": self.endpoint_errors,
             "distribution": [asdict(t) for t in self.distribution],
         }
 
@@ -126,6 +130,8 @@ def compare_tokens(config: str, prompt_id: str, reference: list[int], output: li
 
 
 def compare_texts(config: str, prompt_id: str, reference: str, output: str) -> GreedyCase:
+    if not reference and not output:  # two empty texts show nothing: identity is never claimed on them
+        return GreedyCase(config, prompt_id, False, 0, None, "<empty>", "<empty>")
     if output == reference:
         return GreedyCase(config, prompt_id, True, len(reference))
     i = next((j for j, (a, b) in enumerate(zip(reference, output)) if a != b), min(len(reference), len(output)))
@@ -177,6 +183,11 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
         lines.append(f"greedy equality (endpoints): {same}/{len(report.endpoint_greedy)} outputs identical to the baseline endpoint -> "
                      f"{'PASS' if all(c.identical for c in report.endpoint_greedy) else 'FAIL'}")
         lines += [_difference(c) for c in report.endpoint_greedy if not c.identical][:20]
+    if report.endpoint_errors:
+        n = len(report.endpoint_errors)
+        lines.append(f"endpoint requests: {n} failed; their prompts are not compared, so nothing is claimed about them "
+                     "-> INCOMPLETE")
+        lines += [f"  ERROR: {e['config']} on {e['prompt_id']}: {e['error']}" for e in report.endpoint_errors][:20]
     if report.distribution:
         t = sampling
         how = f" at temperature {t.temperature}, top-p {t.top_p}, top-k {t.top_k}, min-p {t.min_p}" if t else ""
@@ -190,10 +201,13 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
         for x in report.distribution:
             flag = "" if x.pvalue >= report.threshold else "   <- FAIL"
             lines.append(f"  {x.config:<24} {x.prompt_id:<28} position {x.position}  n={x.samples:<5} p={x.pvalue:.4g}{flag}" + (f"  ({x.note})" if x.note else ""))
-    lines.append(f"audit: {'PASS' if report.passed else 'FAIL'}")
+    incomplete = f" ({len(report.endpoint_errors)} endpoint request(s) failed)" if report.endpoint_errors else ""
+    lines.append(f"audit: {'PASS' if report.passed else 'FAIL'}{incomplete}")
     return "\n".join(lines)
 
 
 def _difference(c: GreedyCase) -> str:
+    if c.first_difference is None:
+        return f"  NOTHING TO COMPARE: {c.config} on {c.prompt_id}: both outputs are empty"
     gap = f"; target's top-2 logit gap there {c.top2_logit_gap:.4g}" + (" (a near tie: numerics, see --dtype float32)" if c.top2_logit_gap is not None and c.top2_logit_gap < 1e-2 else "") if c.top2_logit_gap is not None else ""
     return f"  DIFFERENT: {c.config} on {c.prompt_id}: first difference at output position {c.first_difference}: plain {c.plain_token!r}, speculative {c.spec_token!r}{gap}"

@@ -11,33 +11,51 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spekula.cli import add_model_options, add_sampling_options, backend_from_args, draft_backend_from_args, sampling_from_args
+from spekula.extras import require_extra
+from spekula.options import (
+    add_model_options,
+    add_sampling_options,
+    backend_from_args,
+    draft_backend_from_args,
+    parse_k,
+    sampling_from_args,
+)
 
 SPEC_HELP = (
-    "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram, k=N (k=2/4/8 measures "
-    "several), k_max=N (k=auto's longest draft), ngram_max=, ngram_min=, confidence=P (a draft model stops its draft at a "
-    "token it gives < P), name=LABEL; keys not given take --draft / --k / --k-max / --ngram-max / --ngram-min / --draft-confidence. "
+    "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram|suffix, "
+    "k=N (k=2/4/8 measures several), k_max=N (k=auto's longest draft), ngram_max=, ngram_min=, "
+    "confidence=P (a draft model stops its draft at a token it gives < P), name=LABEL; keys not given take "
+    "--draft / --k / --k-max / --ngram-max / --ngram-min / --draft-confidence. "
     "Repeatable. Default: one configuration from --draft and --k. draft=none,name=LABEL measures plain decoding "
     "again under LABEL: an A/A control that shows this machine's noise"
 )
 
 
-def register(sub: Any) -> None:
-    register_bench(sub)
-    register_tune(sub)
-    register_audit(sub)
+def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
+    return {"bench": register_bench(sub), "tune": register_tune(sub), "audit": register_audit(sub)}
 
 
 # -- options ----------------------------------------------------------------------------------------
 
 def add_workload_options(p: argparse.ArgumentParser, per_category: int | None, max_tokens: int | None) -> None:
-    p.add_argument("--workload", default="builtin", help="JSON Lines file (prompt or messages, optional category, max_tokens), or 'builtin' (default)")
+    p.add_argument(
+        "--workload", default="builtin",
+        help="JSON Lines file (prompt or messages, optional category, max_tokens), or 'builtin' (default)",
+    )
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
-    p.add_argument("--per-category", type=int, default=per_category, help=f"first N prompts of each category (default {per_category or 'all'})")
+    p.add_argument(
+        "--per-category", type=int, default=per_category,
+        help=f"first N prompts of each category (default {per_category or 'all'})",
+    )
     p.add_argument("--limit", type=int, default=None, help="at most N prompts in all")
     default = max_tokens if max_tokens is not None else "each prompt's own, else 128"
-    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"cap on each prompt's max_tokens (default {default})")
-    p.add_argument("--chat", action="store_true", help="wrap plain `prompt` lines in the chat template (`messages` lines always are)")
+    p.add_argument(
+        "--max-tokens", type=int, default=max_tokens, help=f"cap on each prompt's max_tokens (default {default})"
+    )
+    p.add_argument(
+        "--chat", action="store_true",
+        help="wrap plain `prompt` lines in the chat template (`messages` lines always are)",
+    )
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -46,27 +64,47 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
 
 def add_endpoint_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("endpoints (OpenAI-compatible; instead of loading models)")
-    g.add_argument("--endpoint", default=None, metavar="URL", help="measure this endpoint, e.g. http://127.0.0.1:8000/v1")
-    g.add_argument("--baseline-endpoint", default=None, metavar="URL", help="and compare it with this one (e.g. the same stack without speculation)")
+    g.add_argument(
+        "--endpoint", default=None, metavar="URL", help="measure this endpoint, e.g. http://127.0.0.1:8000/v1"
+    )
+    g.add_argument(
+        "--baseline-endpoint", default=None, metavar="URL",
+        help="and compare it with this one (e.g. the same stack without speculation)",
+    )
     g.add_argument("--model", default=None, help="model name to request from --endpoint (default: the first it lists)")
-    g.add_argument("--baseline-model", default=None, help="model name for --baseline-endpoint (default: --model, else the first it lists)")
+    g.add_argument(
+        "--baseline-model", default=None,
+        help="model name for --baseline-endpoint (default: --model, else the first it lists)",
+    )
     g.add_argument("--api-key", default=None, help="bearer token for both endpoints")
     g.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
-    g.add_argument("--requests", type=int, default=None, help="requests per endpoint (default: one per prompt; more cycles the prompts)")
-    g.add_argument("--time-limit", type=float, default=None, metavar="S", help="start no request after S seconds per endpoint")
-    g.add_argument("--request-timeout", type=float, default=300.0, metavar="S", help="give up on one request after S seconds (default 300)")
+    g.add_argument(
+        "--requests", type=int, default=None,
+        help="requests per endpoint (default: one per prompt; more cycles the prompts)",
+    )
+    g.add_argument(
+        "--time-limit", type=float, default=None, metavar="S", help="start no request after S seconds per endpoint"
+    )
+    g.add_argument(
+        "--request-timeout", type=float, default=300.0, metavar="S",
+        help="give up on one request after S seconds (default 300)",
+    )
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=None, metavar="DIR", help="where results go (default bench-results/<command>-<time>/)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="where results go (default bench-results/<command>-<time>/)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def register_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="measure speculative decoding against plain decoding on a workload",
-                       description="Runs plain decoding and each speculative configuration on every prompt (interleaved), "
-                                   "prints a Markdown summary, writes results.json, report.html and plots to --out, and prints "
-                                   "one JSON object as the last line.")
+def register_bench(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "bench", help="measure speculative decoding against plain decoding on a workload",
+        description="Runs plain decoding and each speculative configuration on every prompt (interleaved), prints a "
+                    "Markdown summary, writes results.json, report.html and plots to --out, and prints one JSON object "
+                    "as the last line.",
+    )
     add_workload_options(p, per_category=None, max_tokens=None)
     add_spec_options(p)
     add_model_options(p)
@@ -74,49 +112,82 @@ def register_bench(sub: Any) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="generate max_tokens tokens even past end-of-sequence")
     p.add_argument("--repeats", type=int, default=1, help="run the whole workload N times (default 1)")
     p.add_argument("--no-warmup", action="store_true", help="skip the short warm-up request of each configuration")
-    p.add_argument("--render", default=None, metavar="PROMPT_ID", help="prompt to render token by token in the report (default: a typical one)")
-    p.add_argument("--markdown-into", default=None, metavar="FILE", help="also write the summary between the spekula bench markers of FILE (docs/BENCHMARKS.md)")
+    p.add_argument(
+        "--render", default=None, metavar="PROMPT_ID",
+        help="prompt to render token by token in the report (default: a typical one)",
+    )
+    p.add_argument(
+        "--markdown-into", default=None, metavar="FILE",
+        help="also write the summary between the spekula bench markers of FILE (docs/BENCHMARKS.md)",
+    )
     add_output_options(p)
     add_endpoint_options(p)
     p.set_defaults(func=cmd_bench)
+    return p
 
 
-def register_tune(sub: Any) -> None:
-    p = sub.add_parser("tune", help="find the fastest proposer and k for a workload (or plain decoding)",
-                       description="Measures every proposer x k on a sample of the workload, prints a table, recommends the "
-                                   "configuration with the best throughput (plain decoding when none beats it by --min-speedup) "
-                                   "and writes it as a config file for `spekula generate --config`.")
+def register_tune(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "tune", help="find the fastest proposer and k for a workload (or plain decoding)",
+        description="Measures every proposer x k on a sample of the workload, prints a table, recommends the "
+                    "configuration with the best throughput (plain decoding when none beats it by --min-speedup) "
+                    "and writes it as a config file for `spekula generate --config`.",
+    )
     add_workload_options(p, per_category=None, max_tokens=64)
-    p.add_argument("--sample", type=int, default=8, help="prompts drawn (seeded) from the workload (default 8; 0 = all)")
+    p.add_argument(
+        "--sample", type=int, default=8, help="prompts drawn (seeded) from the workload (default 8; 0 = all)"
+    )
     p.add_argument("--sample-seed", type=int, default=0)
-    p.add_argument("--drafts", default=None, help="comma-separated proposers to sweep: draft models and/or ngram (default: --draft and ngram)")
-    p.add_argument("--ks", default="2,4,8", help="comma-separated k values to sweep, 'auto' included if you like (default 2,4,8)")
+    p.add_argument(
+        "--drafts", default=None,
+        help="comma-separated proposers to sweep: draft models and/or ngram (default: --draft and ngram)",
+    )
+    p.add_argument(
+        "--ks", default="2,4,8", help="comma-separated k values to sweep, 'auto' included if you like (default 2,4,8)"
+    )
     add_spec_options(p)
     add_model_options(p)
     add_sampling_options(p)
-    p.add_argument("--min-speedup", type=float, default=1.05, help="recommend speculation only at this throughput ratio or above (default 1.05)")
+    p.add_argument(
+        "--min-speedup", type=float, default=1.05,
+        help="recommend speculation only at this throughput ratio or above (default 1.05)",
+    )
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--write-config", default=None, metavar="FILE", help="where to write the chosen configuration (default <out>/tuned-config.json)")
+    p.add_argument(
+        "--write-config", default=None, metavar="FILE",
+        help="where to write the chosen configuration (default <out>/tuned-config.json)",
+    )
     add_output_options(p)
     p.set_defaults(func=cmd_tune)
+    return p
 
 
-def register_audit(sub: Any) -> None:
-    p = sub.add_parser("audit", help="check that speculative decoding is lossless on your models and prompts",
-                       description="Greedy equality of every speculative configuration with plain decoding over the workload, "
-                                   "and chi-square tests of the sampled distribution against the target's exact probabilities. "
-                                   "Exit status 0 = pass, 1 = fail.")
+def register_audit(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "audit", help="check that speculative decoding is lossless on your models and prompts",
+        description="Greedy equality of every speculative configuration with plain decoding over the workload, and "
+                    "chi-square tests of the sampled distribution against the target's exact probabilities. "
+                    "Exit status 0 = pass, 1 = fail.",
+    )
     add_workload_options(p, per_category=2, max_tokens=32)
     add_spec_options(p)
     add_model_options(p)
     add_sampling_options(p)
-    p.add_argument("--samples", type=int, default=200, help="samples per prompt for the distribution test (default 200)")
+    p.add_argument(
+        "--samples", type=int, default=200, help="samples per prompt for the distribution test (default 200)"
+    )
     p.add_argument("--positions", type=int, default=3, help="output positions tested per prompt (default 3)")
-    p.add_argument("--dist-prompts", type=int, default=2, help="prompts (the shortest) for the distribution test; 0 skips it (default 2)")
-    p.add_argument("--level", type=float, default=0.01, help="false-failure rate of the whole distribution test (default 0.01)")
+    p.add_argument(
+        "--dist-prompts", type=int, default=2,
+        help="prompts (the shortest) for the distribution test; 0 skips it (default 2)",
+    )
+    p.add_argument(
+        "--level", type=float, default=0.01, help="false-failure rate of the whole distribution test (default 0.01)"
+    )
     add_output_options(p)
     add_endpoint_options(p)
     p.set_defaults(func=cmd_audit)
+    return p
 
 
 # -- shared -----------------------------------------------------------------------------------------
@@ -126,16 +197,26 @@ def items_from_args(args: argparse.Namespace, sample: int | None = None, sample_
 
     items = load_workload(args.workload)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    return select(items, categories_wanted=cats, per_category=args.per_category, limit=args.limit, sample=sample, seed=sample_seed)
+    return select(
+        items, categories_wanted=cats, per_category=args.per_category, limit=args.limit, sample=sample, seed=sample_seed
+    )
 
 
 def choices_from_args(args: argparse.Namespace) -> list:
     from spekula.bench.runner import choice_with_defaults, parse_spec
 
     if args.spec:
-        return [c for text in args.spec
-                for c in parse_spec(text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, args.k_max)]
-    return [choice_with_defaults(args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)]
+        return [
+            c for text in args.spec
+            for c in parse_spec(
+                text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, args.k_max
+            )
+        ]
+    return [
+        choice_with_defaults(
+            args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max
+        )
+    ]
 
 
 def load_contenders(args: argparse.Namespace, choices: list):
@@ -148,7 +229,9 @@ def load_contenders(args: argparse.Namespace, choices: list):
     backend = backend_from_args(args)
     _log(f"loading target {args.target} ({backend.runtime}, {backend.dtype}) ...")
     target, codec = load_model(args.target, backend)
-    loader = DraftLoader(args.target, target, codec, backend, log=_log, draft_config=lambda name: draft_backend_from_args(args, name))
+    loader = DraftLoader(
+        args.target, target, codec, backend, log=_log, draft_config=lambda name: draft_backend_from_args(args, name)
+    )
     contenders = build_contenders(target, codec, choices, loader)
     drafts = list(dict.fromkeys(c.draft for c in choices if not c.plain and needs_model(c.draft)))
     models = [model_identity(args.target, "target")] + [model_identity(d, "draft") for d in drafts]
@@ -174,7 +257,9 @@ def _endpoints(args: argparse.Namespace):
     from spekula.bench.endpoint import Endpoint, Load
 
     endpoint = Endpoint("endpoint", args.endpoint, args.model, args.api_key)
-    baseline = Endpoint("baseline", args.baseline_endpoint, args.baseline_model or args.model, args.api_key) if args.baseline_endpoint else None
+    baseline = None
+    if args.baseline_endpoint:
+        baseline = Endpoint("baseline", args.baseline_endpoint, args.baseline_model or args.model, args.api_key)
     load = Load(args.concurrency, args.requests, args.time_limit, args.request_timeout)
     return endpoint, baseline, load
 
@@ -182,6 +267,7 @@ def _endpoints(args: argparse.Namespace):
 # -- handlers ---------------------------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    require_extra("bench", "spekula bench")  # before minutes of model loading
     from spekula.bench import commands
     from spekula.bench.report import last_line
     from spekula.errors import ConfigError
@@ -193,19 +279,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.endpoint:
         endpoint, baseline, load = _endpoints(args)
         result, summary, paths = commands.bench_endpoints(
-            endpoint, baseline, items, load, workload_name=args.workload, out_dir=out, sampling=sampling, max_tokens=args.max_tokens,
-            chat=args.chat, progress=not args.no_progress, markdown_into=markdown_into, config=config_of(args),
+            endpoint, baseline, items, load, workload_name=args.workload, out_dir=out, sampling=sampling,
+            max_tokens=args.max_tokens, chat=args.chat, progress=not args.no_progress, markdown_into=markdown_into,
+            config=config_of(args),
         )
     else:
         if args.baseline_endpoint:
             raise ConfigError("--baseline-endpoint needs --endpoint (the deployment to compare with it)")
         choices = choices_from_args(args)
         contenders, codec, models = load_contenders(args, choices)
-        _log(f"measuring {len(items)} prompts x {len(contenders)} configurations ({', '.join(c.name for c in contenders)}) ...")
+        names = ", ".join(c.name for c in contenders)
+        _log(f"measuring {len(items)} prompts x {len(contenders)} configurations ({names}) ...")
         result, summary, paths = commands.bench_inprocess(
             contenders, codec, items, target_name=args.target, models=models, workload_name=args.workload, out_dir=out,
-            sampling=sampling, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, chat=args.chat, repeats=args.repeats,
-            warmup=not args.no_warmup, progress=not args.no_progress, render_id=args.render, markdown_into=markdown_into,
+            sampling=sampling, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
+            repeats=args.repeats, warmup=not args.no_warmup, progress=not args.no_progress, render_id=args.render,
+            markdown_into=markdown_into,
             config=config_of(args),
         )
     print(summary)
@@ -215,15 +304,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    require_extra("bench", "spekula tune")  # before minutes of model loading
     from spekula.bench import commands
-    from spekula.bench.runner import choice_with_defaults, parse_k
+    from spekula.bench.runner import choice_with_defaults
     from spekula.errors import ConfigError
 
     items = items_from_args(args, sample=args.sample or None, sample_seed=args.sample_seed)
     if args.spec:
         choices = choices_from_args(args)
     else:
-        drafts = [d.strip() for d in args.drafts.split(",") if d.strip()] if args.drafts else list(dict.fromkeys([args.draft, "ngram"]))
+        if args.drafts:
+            drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+        else:
+            drafts = list(dict.fromkeys([args.draft, "ngram"]))
         ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
         choices = [choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)
                    for d in drafts if d != "none" for k in ks if k != 0]
@@ -234,16 +327,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     config_path = Path(args.write_config) if args.write_config else out / "tuned-config.json"
     _log(f"sweeping {len(contenders) - 1} configurations + plain decoding on {len(items)} prompts ...")
     outcome, text, paths = commands.tune(
-        contenders, choices, codec, items, target_name=args.target, dtype=args.dtype, models=models, workload_name=args.workload,
-        out_dir=out, config_path=config_path, sampling=sampling_from_args(args), max_tokens=args.max_tokens,
-        min_speedup=args.min_speedup, repeats=args.repeats, progress=not args.no_progress, config=config_of(args),
+        contenders, choices, codec, items, target_name=args.target, dtype=args.dtype, models=models,
+        workload_name=args.workload, out_dir=out, config_path=config_path, sampling=sampling_from_args(args),
+        max_tokens=args.max_tokens, min_speedup=args.min_speedup, repeats=args.repeats, progress=not args.no_progress,
+        config=config_of(args),
     )
     print(text)
-    print(json.dumps({"kind": "spekula-tune", "recommended": outcome["recommended"], "config": outcome["config"], **paths}))
+    print(json.dumps(
+        {"kind": "spekula-tune", "recommended": outcome["recommended"], "config": outcome["config"], **paths}
+    ))
     return 0
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    require_extra("bench", "spekula audit")  # before minutes of model loading
     from spekula.bench import commands
     from spekula.bench.audit import format_report
     from spekula.bench.manifest import manifest
@@ -258,25 +355,35 @@ def cmd_audit(args: argparse.Namespace) -> int:
         endpoint, baseline, load = _endpoints(args)
         report = commands.audit_endpoints(endpoint, baseline, items, load, max_tokens=args.max_tokens, chat=args.chat,
                                           progress=not args.no_progress, level=args.level)
-        models = [{"role": "endpoint", "url": args.endpoint, "name": args.model}, {"role": "baseline", "url": args.baseline_endpoint, "name": args.baseline_model or args.model}]
-        text = format_report(report) + "\n(the distribution test needs the target's exact probabilities: run audit in-process for it)"
+        models = [
+            {"role": "endpoint", "url": args.endpoint, "name": args.model},
+            {"role": "baseline", "url": args.baseline_endpoint, "name": args.baseline_model or args.model},
+        ]
+        text = format_report(report) + (
+            "\n(the distribution test needs the target's exact probabilities: run audit in-process for it)"
+        )
     else:
         if args.dtype != "float32":
             _log(f"note: --dtype {args.dtype}: a verify pass and a one-token pass may round differently, so greedy "
                  "near-ties can differ without a bug; float32 makes the greedy check exact")
         contenders, codec, models = load_contenders(args, choices_from_args(args))
-        report = commands.audit(contenders, codec, items, sampling=sampling, max_tokens=args.max_tokens, chat=args.chat,
-                                samples=args.samples, positions=args.positions, dist_prompts=args.dist_prompts, level=args.level,
-                                seed=args.seed or 0, progress=not args.no_progress)
+        report = commands.audit(
+            contenders, codec, items, sampling=sampling, max_tokens=args.max_tokens, chat=args.chat,
+            samples=args.samples, positions=args.positions, dist_prompts=args.dist_prompts, level=args.level,
+            seed=args.seed or 0, progress=not args.no_progress,
+        )
         text = format_report(report, sampling)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "audit.json"
     seeds = {"distribution": {"base": args.seed or 0, "rule": "sample s uses seed base + s"}}
-    path.write_text(json.dumps({"kind": "spekula-audit", **report.to_dict(),
-                                "manifest": manifest(models=models, config=config_of(args), seeds=seeds)}, indent=1, default=str) + "\n")
+    record = {"kind": "spekula-audit", **report.to_dict(),
+              "manifest": manifest(models=models, config=config_of(args), seeds=seeds)}
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(text)
     print(f"results: {path}")
-    print(json.dumps({"kind": "spekula-audit", "passed": report.passed, "greedy_passed": report.greedy_passed,
-                      "distribution_passed": report.distribution_passed if report.distribution else None,
-                      "min_pvalue": report.to_dict()["min_pvalue"], "threshold": report.threshold, "results": str(path)}))
+    print(json.dumps({
+        "kind": "spekula-audit", "passed": report.passed, "greedy_passed": report.greedy_passed,
+        "distribution_passed": report.distribution_passed if report.distribution else None,
+        "min_pvalue": report.to_dict()["min_pvalue"], "threshold": report.threshold, "results": str(path),
+    }))
     return 0 if report.passed else 1

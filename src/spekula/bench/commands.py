@@ -23,6 +23,7 @@ from spekula.bench.runner import PLAIN, Contender, SpecChoice, encode_items, ren
 from spekula.bench.workloads import WorkItem
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import ConfigError
+from spekula.extras import needs_extra
 
 
 def bench_inprocess(
@@ -191,7 +192,8 @@ def audit(
     progress: bool = True,
 ) -> AuditReport:
     """Greedy equality over `items`, then the distribution test on the `dist_prompts` shortest prompts."""
-    from tqdm import tqdm
+    with needs_extra("bench", "spekula audit"):
+        from tqdm import tqdm
 
     if not 0 < level < 1:
         raise ConfigError(f"--level must be in (0, 1), got {level}")
@@ -220,12 +222,13 @@ def audit_endpoints(endpoint: Endpoint, baseline: Endpoint, items: list[WorkItem
     greedy = SamplingParams()
     base, _, _ = run_endpoint(baseline, items, greedy, load, max_tokens=max_tokens, chat=chat, progress=progress)
     mine, _, _ = run_endpoint(endpoint, items, greedy, load, max_tokens=max_tokens, chat=chat, progress=progress)
-    errors = [r for r in base + mine if r.error]
-    if errors:
-        raise ConfigError(f"{len(errors)} request(s) failed, e.g. {errors[0].config} / {errors[0].prompt_id}: {errors[0].error}")
-    ref = {(r.prompt_id, r.repeat): r.text for r in base}
     report = AuditReport(level)
-    report.endpoint_greedy = [compare_texts(endpoint.name, r.prompt_id, ref[(r.prompt_id, r.repeat)], r.text) for r in mine if (r.prompt_id, r.repeat) in ref]
+    # A failed request (including an answer that is not whole) is an error, and its prompt is compared on neither side.
+    report.endpoint_errors = [{"config": r.config, "prompt_id": r.prompt_id, "repeat": r.repeat, "error": r.error}
+                              for r in base + mine if not r.ok]
+    ref = {(r.prompt_id, r.repeat): r.text for r in base if r.ok}
+    report.endpoint_greedy = [compare_texts(endpoint.name, r.prompt_id, ref[(r.prompt_id, r.repeat)], r.text)
+                              for r in mine if r.ok and (r.prompt_id, r.repeat) in ref]
     return report
 
 

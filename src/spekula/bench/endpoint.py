@@ -6,13 +6,21 @@ stream_options.include_usage) when it reports one, otherwise the number of non-e
 (marked per request as token_count_source = "chunks"); a comparison counts both sides the same way.
 Requests are bounded: at most `requests` of them, no new one after `time_limit` seconds, each one
 cut after `request_timeout` seconds.
+
+A request counts only when its answer is whole: the stream must end with a finish_reason and then
+[DONE], carry no error event, and hold some text (every request asks for at least one token). A
+server that cuts streams short (llama_cpp.server interrupts a running stream when another request
+arrives, by default) otherwise looks like a fast server of empty answers. Anything less is an
+error: counted and shown, and left out of every ratio (spekula.bench.metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +29,7 @@ from spekula.bench.runner import request_sampling
 from spekula.bench.workloads import WorkItem
 from spekula.config import SamplingParams
 from spekula.errors import ConfigError
+from spekula.extras import needs_extra
 from spekula.trace import RequestStats
 
 
@@ -66,8 +75,9 @@ def run_endpoint(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingPa
 
 async def _run(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingParams, load: Load, max_tokens: int | None, chat: bool,
                progress: bool) -> tuple[list[RequestResult], float, str]:
-    from openai import AsyncOpenAI
-    from tqdm import tqdm
+    with needs_extra("bench", "measuring an endpoint"):
+        from openai import AsyncOpenAI
+        from tqdm import tqdm
 
     client = AsyncOpenAI(base_url=normalise_url(endpoint.url), api_key=endpoint.api_key or "none", timeout=load.request_timeout_s, max_retries=0)
     try:
@@ -116,6 +126,10 @@ async def discover_model(client: Any, url: str) -> str:
     return first
 
 
+class IncompleteResponse(Exception):
+    """The server answered 200 but the answer is not whole (see the module docstring)."""
+
+
 async def _request(client: Any, model: str, item: WorkItem, sampling: SamplingParams, max_tokens: int, chat: bool) -> RequestResult:
     kwargs: dict[str, Any] = {
         "model": model,
@@ -132,31 +146,76 @@ async def _request(client: Any, model: str, item: WorkItem, sampling: SamplingPa
         kwargs["extra_body"] = extra
     use_chat = item.messages is not None or chat
     t0 = time.perf_counter()
+    # The raw event stream rather than the client's parsed one: only the raw stream shows whether [DONE] came.
     if use_chat:
-        stream = await client.chat.completions.create(messages=item.chat_messages(), **kwargs)
+        opened = client.chat.completions.with_streaming_response.create(messages=item.chat_messages(), **kwargs)
     else:
-        stream = await client.completions.create(prompt=item.prompt, **kwargs)
+        opened = client.completions.with_streaming_response.create(prompt=item.prompt, **kwargs)
     pieces: list[str] = []
     ttft = None
     usage = None
     finish = None
-    async for chunk in stream:
-        if getattr(chunk, "usage", None) is not None:
-            usage = chunk.usage
-        for choice in chunk.choices or ():
-            piece = (choice.delta.content if use_chat else choice.text) or ""
-            if piece:
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-                pieces.append(piece)
-            finish = choice.finish_reason or finish
+    done = False
+    async with opened as response:
+        async for event, data in _sse_events(response.iter_lines()):
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict):
+                raise IncompleteResponse(f"the stream sent {data[:80]!r}, not a JSON object")
+            if chunk.get("error") or event == "error":  # the status line had gone out already: an error event
+                error = chunk.get("error") or chunk
+                message = error.get("message", error) if isinstance(error, dict) else error
+                raise IncompleteResponse(f"the stream carried an error event: {str(message)[:200]}")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                piece = ((choice.get("delta") or {}).get("content") if use_chat else choice.get("text")) or ""
+                if piece:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    pieces.append(piece)
+                finish = choice.get("finish_reason") or finish
     total = time.perf_counter() - t0
-    counted = getattr(usage, "completion_tokens", None) if usage is not None else None
+    text = "".join(pieces)
+    if finish is None or not done:
+        missing = " and ".join(x for x, ok in (("a finish_reason", finish is not None), ("[DONE]", done)) if not ok)
+        raise IncompleteResponse(
+            f"the stream ended without {missing} after {len(pieces)} text chunk(s): the server cut it short "
+            "(llama_cpp.server does so when another request arrives, unless it runs with --interrupt_requests False)")
+    if not text:
+        raise IncompleteResponse(
+            f"an empty completion (finish_reason {finish!r}) where up to {max_tokens} tokens were asked for: "
+            "nothing to time or compare")
+    counted = usage.get("completion_tokens") if isinstance(usage, dict) else None
     stats = RequestStats(
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0) if isinstance(usage, dict) else 0,
         output_tokens=int(counted) if counted is not None else len(pieces),
         ttft_s=ttft,
         total_s=total,
         finish_reason=finish,
     )
-    return RequestResult(item.id, item.category, "", stats, "".join(pieces), None, token_count_source="usage" if counted is not None else "chunks")
+    source = "usage" if counted is not None else "chunks"
+    return RequestResult(item.id, item.category, "", stats, text, None, token_count_source=source)
+
+
+async def _sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
+    """(event name or None, data) of each server-sent event, multi-line data joined by newlines; comments and ids
+    are skipped. An event the stream ends in without its closing blank line still counts."""
+    event: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            event = value
+    if data:
+        yield event, "\n".join(data)

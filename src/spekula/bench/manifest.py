@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from spekula.extras import needs_extra
+
 PACKAGES = ("spekula", "torch", "transformers", "numpy", "scipy", "safetensors", "tokenizers", "openai", "httpx", "tqdm", "matplotlib", "psutil")
 
 
@@ -47,7 +49,8 @@ def weights_sha256(folder: Path) -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    import psutil
+    with needs_extra("bench", "the manifest's machine description"):
+        import psutil
 
     info: dict[str, Any] = {
         "cpu": cpu_model(),

@@ -12,6 +12,13 @@ are therefore the properties trace.py defines, never re-derived here. What this 
 - decode_speedup: the same ratio of decode_tokens_per_s (prefill left out), for in-process runs;
 - latency percentiles, wasted drafted tokens (drafted - accepted), CPU-seconds per 1,000 output
   tokens, peak resident memory, and how many greedy outputs equal plain decoding's.
+
+Every column of a configuration's summary is computed over the same requests: its whole ones
+(`ok`) on the prompts (and repeats) where no configuration failed. A failed request is counted as an
+error; the other configurations' runs of that prompt are counted as excluded, so a prompt one side
+could not answer weighs on neither side's numbers. Throughput over wall time needs every request
+of the phase whole (the wall time includes the failed ones), so it is None when any failed or was
+excluded.
 """
 
 from __future__ import annotations
@@ -150,27 +157,43 @@ def attach_comparisons(results: list[RequestResult], baseline: str, greedy: bool
             continue
         r.speedup = ratio(r.tokens_per_s, b.tokens_per_s)
         r.decode_speedup = ratio(r.stats.decode_tokens_per_s, b.stats.decode_tokens_per_s)
-        if greedy:
-            r.identical = (r.token_ids == b.token_ids) if r.token_ids is not None and b.token_ids is not None else (r.text == b.text)
+        if greedy and r.token_ids is not None and b.token_ids is not None:
+            r.identical = r.token_ids == b.token_ids
+        elif greedy and (r.text or b.text):  # two empty texts show nothing: identity is not claimed
+            r.identical = r.text == b.text
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def summarise(results: list[RequestResult], wall_s: float | None = None) -> dict[str, Any]:
-    """One group's numbers. wall_s: the wall time the group took when its requests overlapped
-    (endpoints under concurrency); throughput is then output tokens / wall_s."""
-    ok = [r for r in results if r.ok]
+def failed_keys(results: Iterable[RequestResult]) -> set[tuple[str, int]]:
+    """(prompt_id, repeat) of every request that failed, in any configuration."""
+    return {(r.prompt_id, r.repeat) for r in results if not r.ok}
+
+
+def summarise(
+    results: list[RequestResult], wall_s: float | None = None, failed: set[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    """One group's numbers over its whole requests on prompts outside `failed` (default: the group's own failures).
+    wall_s: the wall time the group took when its requests overlapped (endpoints under concurrency); throughput is
+    then output tokens / wall_s, and None unless every request of the group is counted."""
+    failed = failed_keys(results) if failed is None else failed
+    whole = [r for r in results if r.ok]
+    ok = [r for r in whole if (r.prompt_id, r.repeat) not in failed]
     merged = merge_stats(r.stats for r in ok)
     identical = [r.identical for r in ok if r.identical is not None]
     cpu = [r.cpu_s for r in ok if r.cpu_s is not None]
     rss = [r.peak_rss_bytes for r in ok if r.peak_rss_bytes is not None]
     tau = [r.stats.tau for r in ok]
-    throughput = merged.output_tokens / wall_s if wall_s else merged.tokens_per_s
+    if wall_s:
+        throughput = merged.output_tokens / wall_s if len(ok) == len(results) else None
+    else:
+        throughput = merged.tokens_per_s
     return {
         "requests": len(ok),
-        "errors": len(results) - len(ok),
+        "errors": len(results) - len(whole),
+        "excluded": len(whole) - len(ok),  # whole, but another configuration failed on the same prompt and repeat
         "output_tokens": merged.output_tokens,
         "prompt_tokens": merged.prompt_tokens,
         "tokens_per_s": merged.tokens_per_s,  # output tokens / summed request time
@@ -203,10 +226,12 @@ def summarise_by_config(results: list[RequestResult], configs: list[str], walls:
     """{config: {"overall": {...}, "categories": {category: {...}}}}, categories in first-seen order."""
     out: dict[str, Any] = {}
     cats = list(dict.fromkeys(r.category for r in results))
+    failed = failed_keys(r for r in results if r.config in configs)
     for name in configs:
         mine = [r for r in results if r.config == name]
         out[name] = {
-            "overall": summarise(mine, (walls or {}).get(name)),
-            "categories": {c: summarise([r for r in mine if r.category == c]) for c in cats if any(r.category == c for r in mine)},
+            "overall": summarise(mine, (walls or {}).get(name), failed),
+            "categories": {c: summarise([r for r in mine if r.category == c], failed=failed)
+                           for c in cats if any(r.category == c for r in mine)},
         }
     return out

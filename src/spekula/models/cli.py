@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from spekula.errors import ModelError
 from spekula.models.cache import cache_dir
@@ -15,7 +16,7 @@ from spekula.models.catalogue import CATALOGUE
 from spekula.models.store import fetch, list_models
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Any) -> dict[str, argparse.ArgumentParser]:
     models = subparsers.add_parser("models", help="list, fetch and verify the built-in models")
     commands = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
 
@@ -27,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     fetching.add_argument("names", nargs="+", metavar="NAME", help=f"one of {', '.join(CATALOGUE)}, or all")
     fetching.set_defaults(func=_fetch)
+    return {"models": models}
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -7,16 +7,19 @@ from collections.abc import Callable
 from spekula.backends.base import Backend
 from spekula.config import SpecConfig
 from spekula.errors import ConfigError
-from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.proposers.draft_model import DraftModelFactory, DraftModelProposer
 from spekula.proposers.ngram import NgramFactory, NgramProposer
+from spekula.proposers.suffix import SuffixConfig, SuffixFactory, SuffixProposer
 
 NONE = "none"
 NGRAM = "ngram"
+SUFFIX = "suffix"
 
-# name -> builder(spec) for proposers that need no model. Everything else given as --draft is a model.
-MODEL_FREE: dict[str, Callable[[SpecConfig], ProposerFactory]] = {
-    NGRAM: lambda spec: NgramFactory(spec.ngram_max, spec.ngram_min),
+# name -> builder(spec, target) for proposers that need no model. Everything else given as --draft is a model.
+MODEL_FREE: dict[str, Callable[[SpecConfig, Backend], ProposerFactory]] = {
+    NGRAM: lambda spec, target: NgramFactory(spec.ngram_max, spec.ngram_min),
+    SUFFIX: lambda spec, target: SuffixFactory(vocab_size=target.vocab_size),
 }
 
 
@@ -32,15 +35,20 @@ def build_proposer(
     target: Backend,
     load_draft: Callable[[str], Backend] | None = None,
 ) -> ProposerFactory | None:
-    """`draft` as a user writes it: 'none', 'ngram', or a model name / path (loaded by load_draft)."""
+    """`draft` as a user writes it: 'none', 'ngram', 'suffix', or a model name / path (loaded by load_draft)."""
     if draft in (None, NONE):
         return None
     if draft in MODEL_FREE:
         if spec.draft_confidence is not None:
-            raise ConfigError(f"draft_confidence stops a draft model's draft; {draft!r} has no probabilities to stop on. Drop --draft-confidence (confidence= in a --spec), or choose a draft model")
-        return MODEL_FREE[draft](spec)
+            raise ConfigError(
+                f"draft_confidence stops a draft model's draft; {draft!r} has no probabilities to stop on. "
+                "Drop --draft-confidence (confidence= in a --spec), or choose a draft model"
+            )
+        return MODEL_FREE[draft](spec, target)
     if load_draft is None:
-        raise ConfigError(f"unknown proposer {draft!r}; choose 'none', {', '.join(repr(n) for n in MODEL_FREE)} or a model")
+        raise ConfigError(
+            f"unknown proposer {draft!r}; choose 'none', {', '.join(repr(n) for n in MODEL_FREE)} or a model"
+        )
     backend = load_draft(draft)
     check_same_vocabulary(target, backend)
     return DraftModelFactory(backend, confidence=spec.draft_confidence)
@@ -57,6 +65,7 @@ def check_same_vocabulary(target: Backend, draft: Backend) -> None:
 
 
 __all__ = [
-    "Draft", "EMPTY_DRAFT", "Proposer", "ProposerFactory", "DraftModelFactory", "DraftModelProposer",
+    "Draft", "EMPTY_DRAFT", "NO_DRAFT", "Proposer", "ProposerFactory", "DraftModelFactory", "DraftModelProposer",
     "NgramFactory", "NgramProposer", "build_proposer", "check_same_vocabulary", "needs_model", "NONE", "NGRAM",
+    "SuffixConfig", "SuffixFactory", "SuffixProposer", "SUFFIX",
 ]

@@ -26,6 +26,8 @@ class Draft:
 
 EMPTY_DRAFT = Draft([])
 
+NO_DRAFT = "no draft"  # a draft class: the proposer has nothing to offer now (k = 0, not a decision)
+
 
 class Proposer(ABC):
     @abstractmethod
@@ -38,7 +40,7 @@ class Proposer(ABC):
     def draft_class(self, context: list[int]) -> str | None:
         """What the proposer knows, before drafting, of how promising its next draft is: a label
         under which the controller learns acceptance apart (n-gram lookup: the matched length,
-        "4-gram" ... "1-gram"; control.NO_DRAFT: nothing to offer). Default None: no such knowledge."""
+        "4-gram" ... "1-gram"; NO_DRAFT: nothing to offer). Default None: no such knowledge."""
         return None
 
     def catch_up(self, context: list[int]) -> int:

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from spekula.config import SamplingParams
-from spekula.control import NO_DRAFT
-from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 
 
 class NgramProposer(Proposer):

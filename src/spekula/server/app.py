@@ -10,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import threading
-import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,59 +19,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from spekula.errors import ConfigError
 from spekula.pipeline import Pipeline
 from spekula.server.errors import APIError, error_body
 from spekula.server.metrics import ENDPOINTS, ServerMetrics
 from spekula.server.routes import router
 from spekula.server.scheduler import Scheduler
-from spekula.server.schemas import GenerationRequest
 from spekula.server.settings import ServerSettings
+from spekula.server.state import ServerState
 
 log = logging.getLogger("spekula.server")
-
-
-@dataclass
-class ServerState:
-    """What the routes share: reached as request.app.state.server."""
-
-    settings: ServerSettings
-    metrics: ServerMetrics
-    pipeline: Pipeline | None = None
-    scheduler: Scheduler | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    # Fast tokenizers must not be used for two encodes at once; decoding (in the worker) only reads.
-    encode_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def model_name(self) -> str:
-        return self.settings.model_name or self.pipeline.target.name
-
-    def encode(self, req: GenerationRequest) -> list[int]:
-        """Prompt or chat messages -> token ids, checked against the model's vocabulary and context."""
-        target, codec = self.pipeline.target, self.pipeline.codec
-        if isinstance(req.prompt, list):
-            bad = [t for t in req.prompt if not 0 <= t < target.vocab_size]
-            if bad:
-                raise APIError(400, f"token ids {bad[:5]} in 'prompt' are outside the vocabulary [0, {target.vocab_size})", param="prompt")
-            ids = list(req.prompt)
-        else:
-            with self.encode_lock:
-                try:
-                    ids = codec.encode(prompt=req.prompt) if req.kind == "completion" else codec.encode(messages=req.messages, chat=True)
-                except ConfigError as e:  # no chat template
-                    raise APIError(422, f"{e}; use /v1/completions", param="messages") from None
-                except Exception as e:  # a template that refuses the conversation (e.g. roles must alternate)
-                    raise APIError(422, f"the model's chat template refused these messages: {e}", param="messages") from None
-        param = "prompt" if req.kind == "completion" else "messages"
-        if not ids:
-            raise APIError(400, f"'{param}' is empty after tokenization; give at least one token of text", param=param)
-        if len(ids) >= target.context_length:
-            raise APIError(
-                422, f"the prompt has {len(ids)} tokens but the model's context holds {target.context_length} "
-                "(prompt and output together); shorten the prompt", param=param, code="context_length_exceeded",
-            )
-        return ids
 
 
 def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSettings = ServerSettings()) -> FastAPI:

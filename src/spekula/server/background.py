@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import uvicorn
+from spekula.extras import needs_extra
+from spekula.server.listen import bind
 
-from spekula.server.cli import bind
+with needs_extra("server", "spekula.server.background"):
+    import uvicorn
 
 
 class ReadyServer(uvicorn.Server):
@@ -54,7 +56,9 @@ class Running:
 
 
 @contextmanager
-def serving(app, host: str = "127.0.0.1", startup_timeout: float = 300.0, shutdown_timeout: int = 10) -> Iterator[Running]:
+def serving(
+    app, host: str = "127.0.0.1", startup_timeout: float = 300.0, shutdown_timeout: int = 10
+) -> Iterator[Running]:
     """Serves `app` on a free port of `host` until the block ends (in-flight requests finish first)."""
     sock = bind(host, 0)
     port = sock.getsockname()[1]

@@ -5,17 +5,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 from typing import Any
 
-from spekula.errors import ConfigError
+from spekula.extras import needs_extra
+from spekula.options import (
+    add_model_options,
+    add_sampling_options,
+    backend_from_args,
+    draft_backend_from_args,
+    sampling_from_args,
+    spec_from_args,
+)
+from spekula.server.listen import bind
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def register(sub: Any) -> None:
-    from spekula.cli import add_model_options, add_sampling_options
+def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
     from spekula.server.settings import API_KEY_ENV, ServerSettings
 
     d = ServerSettings()
@@ -25,22 +32,47 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     g.add_argument("--port", type=int, default=d.port, help=f"(default {d.port}; 0 = any free port)")
-    g.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV}, else none)")
-    g.add_argument("--served-model-name", default=None, help="the name clients send as `model` (default: the --target name)")
-    g.add_argument("--max-running", type=int, default=d.max_running, help=f"requests generating at once (default {d.max_running})")
-    g.add_argument("--max-queue", type=int, default=d.max_queue, help=f"requests waiting for a slot; beyond this: 429 (default {d.max_queue})")
-    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help=f"largest request body; beyond this: 413 (default {d.max_body_bytes})")
-    g.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit, help=f"largest max_tokens a request may ask for (default {d.max_tokens_limit})")
-    g.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens, help=f"max_tokens when a request gives none (default {d.default_max_tokens})")
-    g.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help=f"seconds from arrival to the last token; then 504 (default {d.request_timeout_s:g})")
-    g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout_s, help=f"on Ctrl-C, seconds in-flight requests get to finish (default {d.shutdown_timeout_s:g})")
+    g.add_argument(
+        "--api-key", default=None,
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV}, else none)",
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="the name clients send as `model` (default: the --target name)"
+    )
+    g.add_argument(
+        "--max-running", type=int, default=d.max_running, help=f"requests generating at once (default {d.max_running})"
+    )
+    g.add_argument(
+        "--max-queue", type=int, default=d.max_queue,
+        help=f"requests waiting for a slot; beyond this: 429 (default {d.max_queue})",
+    )
+    g.add_argument(
+        "--max-body-bytes", type=int, default=d.max_body_bytes,
+        help=f"largest request body; beyond this: 413 (default {d.max_body_bytes})",
+    )
+    g.add_argument(
+        "--max-tokens-limit", type=int, default=d.max_tokens_limit,
+        help=f"largest max_tokens a request may ask for (default {d.max_tokens_limit})",
+    )
+    g.add_argument(
+        "--default-max-tokens", type=int, default=d.default_max_tokens,
+        help=f"max_tokens when a request gives none (default {d.default_max_tokens})",
+    )
+    g.add_argument(
+        "--request-timeout", type=float, default=d.request_timeout_s,
+        help=f"seconds from arrival to the last token; then 504 (default {d.request_timeout_s:g})",
+    )
+    g.add_argument(
+        "--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
+        help=f"on Ctrl-C, seconds in-flight requests get to finish (default {d.shutdown_timeout_s:g})",
+    )
     g.add_argument("--log-prompts", action="store_true", help="write prompts and outputs to the log (off by default)")
     g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
+    return {"serve": p}
 
 
 def settings_from_args(args: argparse.Namespace):
-    from spekula.cli import sampling_from_args
     from spekula.server.settings import API_KEY_ENV, ServerSettings
 
     return ServerSettings(
@@ -53,11 +85,11 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    with needs_extra("server", "spekula serve"):
+        import uvicorn
 
-    from spekula.cli import backend_from_args, draft_backend_from_args, spec_from_args
+        from spekula.server.app import create_app
     from spekula.pipeline import Pipeline
-    from spekula.server.app import create_app
 
     settings = settings_from_args(args)  # bad options fail before minutes of model loading
     sock = bind(settings.host, settings.port)
@@ -65,29 +97,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.host not in LOOPBACK and settings.api_key is None:
         _say(f"warning: listening on {settings.host} without an API key: anyone who can reach this port can use it")
     _say(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
-    pipe = Pipeline.load(args.target, args.draft, spec_from_args(args), backend_from_args(args), draft_backend_from_args(args))
+    pipe = Pipeline.load(
+        args.target, args.draft, spec_from_args(args), backend_from_args(args), draft_backend_from_args(args)
+    )
     host, port = sock.getsockname()[:2]
-    _say(f"serving {settings.model_name or pipe.target.name} on http://{host}:{port}/v1 (Ctrl-C stops: running requests finish first)")
+    _say(f"serving {settings.model_name or pipe.target.name} on http://{host}:{port}/v1 "
+         "(Ctrl-C stops: running requests finish first)")
     config = uvicorn.Config(
-        create_app(pipe, settings), log_level=args.log_level, timeout_graceful_shutdown=int(settings.shutdown_timeout_s) or 1,
+        create_app(pipe, settings), log_level=args.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s) or 1,
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket, so a taken port is a clear error before the models load."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port or --host") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _say(msg: str) -> None:

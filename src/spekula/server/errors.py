@@ -1,7 +1,9 @@
 """Errors a client can cause, as OpenAI-style error objects: {"error": {message, type, param, code}}.
 
 Every message says what to change. The status says whose move it is:
-400 the request is malformed or a value is wrong, whatever the model;
+400 the request is malformed or a value is wrong, whatever the model (including bodies that are not
+    strict JSON: NaN, Infinity, numbers that overflow a float, nesting deeper than the parser goes);
+    every such refusal comes before a stream's 200, never as an error event after it;
 401 the API key is missing or wrong;
 404 no such model (or path);
 413 the body is larger than --max-body-bytes;

@@ -23,7 +23,7 @@ from spekula.server.scheduler import Delta, Event, Failed, Finished, Job
 from spekula.server.schemas import GenerationRequest, Kind, parse_request, read_json
 
 if TYPE_CHECKING:
-    from spekula.server.app import ServerState
+    from spekula.server.state import ServerState
 
 router = APIRouter()
 HUNG_WORKER_GRACE_S = 30.0  # past the deadline, the handler stops waiting even if the worker never answers

@@ -3,18 +3,23 @@
     HTTP handlers (event loop) --submit--> waiting queue --admit--> running --step, step, ...--> done
                                <--events-- (Delta per step with text, then Finished or Failed)
 
-- Requests join and leave between rounds. Each round gives every running request ONE engine step
-  (up to k + 1 tokens). With a backend that batches (`capabilities.batching`, the native runner),
-  a round is continuous batching: every request drafts (Generation.plan), ONE forward scores all
-  their blocks together, then each accepts and advances (Generation.complete). Otherwise (the
-  transformers and llama.cpp backends) the requests step one after another, round-robin.
+- Requests join between rounds. Each round gives every running request ONE engine step (up to
+  k + 1 tokens), the same way for one request as for many: every request drafts (Generation.plan),
+  the target scores the blocks (score), then each accepts and advances (Generation.complete). With
+  a backend that batches (`capabilities.batching`, the native runner) the score is ONE forward over
+  every block: continuous batching; otherwise (the transformers and llama.cpp backends) the blocks
+  are scored one after another. A lone request is a batch of one.
+- A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
+  in that round: its last text and its end go out, its caches and slot are freed, before the next
+  round starts.
 - Speculation under load (`--k auto`): one at a time, a step costs the same whether 1 or 16
-  requests run, so each request's own controller is right for the server too. Batched, it is not:
-  a pass over B sequences verifies B (k + 1) rows, plain decoding gets cheaper per token as B grows,
-  and the scheduler picks one k for the round from the cost model (CostModel.best_batch_k over the
-  requests' running alphas, with pass costs measured up to the widest batch at start-up and refined
-  with every round). k = 0 is one of the choices: speculation switches off when the batch makes it
-  unprofitable and comes back when the batch shrinks. A fixed --k is left as given.
+  requests run, so each request's own controller is right for the server too, and it chooses k
+  for a batch of one. Batched, it is not: a pass over B sequences verifies B (k + 1) rows, plain
+  decoding gets cheaper per token as B grows, and the scheduler picks one k for the round from the
+  cost model (CostModel.best_batch_k over the requests' running alphas, with pass costs measured up
+  to the widest batch at start-up and refined with every round). k = 0 is one of the choices:
+  speculation switches off when the batch makes it unprofitable and comes back when the batch
+  shrinks. A fixed --k is left as given.
 - The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
 - A cancelled request (client gone) is closed before its next step: within one step its KV caches
   are freed and its slot goes to the next waiting request. The same holds for a deadline.
@@ -28,8 +33,10 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.engine import PlannedStep
@@ -79,7 +86,6 @@ class Job:
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     run: TextGeneration | None = None
-    steps: Iterator[str] | None = None
     meter: StepMeter | None = None
     started: float | None = None
 
@@ -100,12 +106,14 @@ class Scheduler:
         self._accepting = True
         self._stop = False
         self._service_s = 1.0  # running mean of admission-to-finish time, for Retry-After
+        self.rounds = 0  # rounds run so far (tests and tools read it from the sinks)
         self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
         self.batching = pipeline.target.capabilities.batching and max_running > 1
         engine = pipeline.engine
         self._batch_k = self.batching and engine.proposer is not None and engine.spec.k is None
         if self._batch_k:  # pass costs up to the widest batch, before any request
-            log.info("measuring target passes of up to %d rows (batches of %d) for --k auto", max_running * (engine.spec.k_max + 1), max_running)
+            rows = max_running * (engine.spec.k_max + 1)
+            log.info("measuring target passes of up to %d rows (batches of %d) for --k auto", rows, max_running)
             engine.calibrate(max_batch=max_running)
         metrics.track_queue(lambda: len(self._waiting), lambda: len(self._running))
 
@@ -117,12 +125,16 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cv:
             if not self._accepting:
-                raise APIError(503, "the server is shutting down and takes no new requests; retry on another instance or later", code="shutting_down")
+                raise APIError(
+                    503, "the server is shutting down and takes no new requests; retry on another instance or later",
+                    code="shutting_down",
+                )
             if len(self._waiting) >= self.max_queue and len(self._running) + len(self._waiting) >= self.max_running:
                 retry = self.retry_after()
                 raise APIError(
-                    429, f"the server is busy ({len(self._running)} running, {len(self._waiting)} waiting, queue limit {self.max_queue}); "
-                    f"retry after {retry} s", code="queue_full", headers={"Retry-After": str(retry)},
+                    429, f"the server is busy ({len(self._running)} running, {len(self._waiting)} waiting, "
+                    f"queue limit {self.max_queue}); retry after {retry} s",
+                    code="queue_full", headers={"Retry-After": str(retry)},
                 )
             self._waiting.append(job)
             self._cv.notify_all()
@@ -154,7 +166,7 @@ class Scheduler:
             self._thread.join(timeout=max(timeout, 5.0))
         return drained
 
-    def wait_for(self, predicate: Callable[["Scheduler"], bool], timeout: float) -> bool:
+    def wait_for(self, predicate: Callable[[Scheduler], bool], timeout: float) -> bool:
         """Block until predicate(self) holds (checked at every admission and finish). For tests and tools."""
         with self._cv:
             return self._cv.wait_for(lambda: predicate(self), timeout)
@@ -188,7 +200,8 @@ class Scheduler:
                 self._admit(job)
             self._round()
         for job in leftover:
-            self._finish(job, "abort", APIError(503, "the server shut down before this request finished; retry it", code="shutting_down"))
+            error = APIError(503, "the server shut down before this request finished; retry it", code="shutting_down")
+            self._finish(job, "abort", error)
 
     def _admit(self, job: Job) -> None:
         now = time.monotonic()
@@ -204,7 +217,6 @@ class Scheduler:
             log.exception("request %s could not start", job.id)
             return self._finish(job, "error", ENGINE_ERROR)
         job.run = TextGeneration(generation, self.pipeline.codec, job.stop)
-        job.steps = job.run.steps()
         job.meter = StepMeter(self.metrics, generation.stats)
         job.started = now
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
@@ -214,29 +226,30 @@ class Scheduler:
             self._cv.notify_all()
 
     def _round(self) -> None:
-        """One engine step for every running request: one batched forward, or one after another."""
-        if self.batching and len(self._running) > 1:
-            return self._batched_round()
-        for job in list(self._running):
-            self._step(job)
+        """One engine step for every running request: plan (draft), score, complete (accept,
+        resample, advance); whoever finished is finished before the round ends."""
+        self.rounds += 1
+        if self.batching:
+            self._prefill_together([job for job in self._running if job.run.generation.target_sequence is None])
+        planned = self._plan(self._choose_batch_k())
+        for job, step, logits, score_s in self._score(planned):
+            run = job.run
+            try:
+                delta = run.feed(run.generation.complete(step, logits, score_s=score_s))
+                if run.generation.done and not run.stopped:
+                    delta += run.flush()  # the held-back text: nothing follows it
+                job.meter.update()
+            except Exception:  # one request's failure must not take the worker (and every other request) down
+                log.exception("request %s failed in the engine", job.id)
+                self._finish(job, "error", ENGINE_ERROR)
+                continue
+            self._emit(job, delta)
+            if run.generation.done:
+                self._finish(job, run.generation.finish_reason)
 
-    def _step(self, job: Job) -> None:
-        if not self._live(job):
-            return
-        try:
-            delta = next(job.steps)
-            job.meter.update()
-        except StopIteration:
-            return self._finish(job, job.run.generation.finish_reason or "stop")
-        except Exception:  # one request's failure must not take the worker (and every other request) down
-            log.exception("request %s failed in the engine", job.id)
-            return self._finish(job, "error", ENGINE_ERROR)
-        if delta:
-            job.sink(Delta(delta))
-
-    def _batched_round(self) -> None:
-        self._prefill_together([job for job in self._running if job.run.generation.target_sequence is None])
-        k = self._choose_batch_k()
+    def _plan(self, k: int | None) -> list[tuple[Job, PlannedStep]]:
+        """Stage 1 for every live request (the first plan() of a request that was not prefilled
+        together prefills it): what the score pass must run."""
         planned: list[tuple[Job, PlannedStep]] = []
         for job in list(self._running):
             if not self._live(job):
@@ -244,17 +257,34 @@ class Scheduler:
             try:
                 step = job.run.generation.plan(k)
             except Exception:
-                log.exception("request %s failed while drafting", job.id)
+                log.exception("request %s failed before its target pass", job.id)
                 self._finish(job, "error", ENGINE_ERROR)
                 continue
-            if step is None:  # finished: emit the held-back text, then the end
+            if step is None:  # nothing left to run: emit the held-back text, then the end
                 self._emit(job, job.run.flush())
                 self._finish(job, job.run.generation.finish_reason or "stop")
             else:
-                step.alone = False
                 planned.append((job, step))
+        return planned
+
+    def _score(self, planned: list[tuple[Job, PlannedStep]]) -> list[tuple[Job, PlannedStep, torch.Tensor, float]]:
+        """Stage 2: the target's pass over every planned block, batched where the backend can, else
+        one block after another. Returns each scored step with its logits and the seconds its pass
+        took; a request whose pass failed is finished with an error instead."""
         if not planned:
-            return
+            return []
+        if not self.batching:
+            scored = []
+            for job, step in planned:
+                start = time.perf_counter()
+                try:
+                    logits = step.score()
+                except Exception:
+                    log.exception("request %s failed in the engine", job.id)
+                    self._finish(job, "error", ENGINE_ERROR)
+                    continue
+                scored.append((job, step, logits, time.perf_counter() - start))
+            return scored
         self.metrics.batch_size.observe(len(planned))
         start = time.perf_counter()
         try:
@@ -265,22 +295,14 @@ class Scheduler:
             log.exception("a batched forward of %d requests failed", len(planned))
             for job, _ in planned:
                 self._finish(job, "error", ENGINE_ERROR)
-            return
+            return []
         pass_s = time.perf_counter() - start
-        if self._batch_k:
-            self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
-        for (job, step), job_logits in zip(planned, logits):
-            try:
-                emitted = job.run.generation.complete(step, job_logits, score_s=pass_s)
-                delta = job.run.feed(emitted)
-                job.meter.update()
-            except Exception:
-                log.exception("request %s failed in the engine", job.id)
-                self._finish(job, "error", ENGINE_ERROR)
-                continue
-            self._emit(job, delta)
-            if job.run.stopped:
-                self._finish(job, "stop")
+        if len(planned) > 1:  # a pass over one sequence is that request's own to observe (PlannedStep.alone)
+            for _, step in planned:
+                step.alone = False
+            if self._batch_k:
+                self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
+        return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits)]
 
     def _prefill_together(self, fresh: list[Job]) -> None:
         """Prefill newly admitted requests in batched forwards of up to PREFILL_BATCH_TOKENS tokens
@@ -302,7 +324,8 @@ class Scheduler:
             todo = [(job, prefix) for job, prefix in group if prefix]
             try:
                 if todo:
-                    self.pipeline.target.forward_batch([j.run.generation.target_sequence for j, _ in todo], [p for _, p in todo], [1] * len(todo))
+                    sequences = [job.run.generation.target_sequence for job, _ in todo]
+                    self.pipeline.target.forward_batch(sequences, [prefix for _, prefix in todo], [1] * len(todo))
             except Exception:
                 log.exception("a batched prefill of %d requests failed", len(todo))
                 for job, _ in group:
@@ -312,8 +335,9 @@ class Scheduler:
                 job.run.generation.prefilled()
 
     def _choose_batch_k(self) -> int | None:
-        """The round's k from the cost model (None: each request's own controller, e.g. a fixed --k)."""
-        if not self._batch_k:
+        """The round's k from the cost model for a batch of two or more (None: each request's own
+        controller, as for a batch of one, a backend that does not batch, or a fixed --k)."""
+        if not self._batch_k or len(self._running) < 2:
             return None
         engine = self.pipeline.engine
         controllers = [job.run.generation.controller for job in self._running]
@@ -341,8 +365,7 @@ class Scheduler:
         stats = None
         if job.run is not None:
             try:
-                job.steps.close()  # frees both KV caches now if the request was cut short
-                job.run.close()  # the same when a batched round drove the steps
+                job.run.close()  # frees both KV caches now if the request was cut short
                 job.meter.update()
             except Exception:
                 log.exception("request %s: cleaning up failed", job.id)

@@ -7,6 +7,7 @@ parameter, says what to change, and carries the status the server documents (spe
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,22 +57,56 @@ async def read_json(request: Request, limit: int) -> Any:
     async for chunk in request.stream():  # chunked bodies have no content-length: count as they come
         size += len(chunk)
         if size > limit:
-            raise _too_large(size, limit)
+            raise _too_large(None, limit)  # the rest is never read, so the body's real size is unknown
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body.strip():
         raise APIError(400, "the request body is empty; send a JSON object such as {\"model\": ..., \"prompt\": ...}")
+    return parse_json(body)
+
+
+class _NonFinite(ValueError):
+    """Raised by the parser's hooks on NaN, Infinity, -Infinity or a number that overflows a float."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text)
+    return value
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+def parse_json(body: bytes) -> Any:
+    """Bytes -> JSON value, strictly: Python's json accepts NaN and Infinity and overflows 1e999 to inf,
+    none of which is JSON or a usable parameter; nesting deeper than the parser's recursion limit
+    (far beyond any request this API takes) is refused rather than raised as a RecursionError."""
     try:
-        return json.loads(body.decode("utf-8"))  # decoded here: json.loads would guess UTF-16 from a BOM
+        text = body.decode("utf-8")  # decoded here: json.loads would guess UTF-16 from a BOM
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8") from None
+    except _NonFinite as e:
+        raise APIError(400, f"the request body contains the number {str(e)[:40]}, which is not finite; "
+                       "JSON numbers must be finite: send a finite value such as 0.7") from None
     except json.JSONDecodeError as e:
         raise APIError(400, f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the JSON") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply; a request needs a few levels of objects "
+                       "and arrays, send a flat JSON object") from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        why = str(e).split(":")[0]  # Python's own advice after the colon (sys.set_int_max_str_digits) is the operator's
+        message = f"the request body holds a number that cannot be read ({why}); send shorter numbers"
+        raise APIError(400, message) from None
 
 
-def _too_large(size: int, limit: int) -> APIError:
+def _too_large(size: int | None, limit: int) -> APIError:
+    has = f"has {size} bytes, more than" if size is not None else "is larger than"
     return APIError(
-        413, f"the request body has {size} bytes, more than the server's limit of {limit}; "
+        413, f"the request body {has} the server's limit of {limit} bytes; "
         "send a shorter prompt (the operator can raise --max-body-bytes)", code="body_too_large",
     )
 
@@ -117,10 +152,13 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
     max_tokens = _integer(body, max_name, 1, settings.max_tokens_limit, settings.default_max_tokens,
                           hint=" (the server's --max-tokens-limit)")
     defaults = settings.sampling
+    # Any temperature in (0, 2] is served, however small: spekula.sampling computes the softmax so that
+    # a tiny one (1e-38) behaves as its limit, all mass on the argmax, for the draft and the target alike.
     temperature = _number(body, "temperature", 0.0, 2.0, defaults.temperature)
     top_p = _number(body, "top_p", 0.0, 1.0, defaults.top_p, low_open=True)
     min_p = _number(body, "min_p", 0.0, 1.0, defaults.min_p, high_open=True)
-    top_k = _integer(body, "top_k", 0, None, defaults.top_k, hint=" (0 = off)")
+    top_k = _integer(body, "top_k", -1, None, defaults.top_k, hint=" (0 or -1 = off)")
+    top_k = 0 if top_k == -1 else top_k  # -1 is vLLM's "off"; spekula's own is 0
     seed = _integer(body, "seed", 0, MAX_SEED, defaults.seed)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -199,6 +237,8 @@ def _number(body: dict, name: str, low: float, high: float, default: float, low_
     value = body.get(name, default)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise APIError(400, f"'{name}' must be a number, got {_json_type(value)}", param=name)
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+        raise APIError(400, f"'{name}' must be a finite number, got {value}", param=name)
     if value < low or value > high or (low_open and value == low) or (high_open and value == high):
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
         raise APIError(400, f"'{name}' must be in {interval}, got {value}", param=name)

@@ -1,0 +1,63 @@
+"""What the routes share, reached as request.app.state.server: settings, metrics, the pipeline and its
+scheduler, and turning a request's prompt or messages into checked token ids."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from spekula.errors import ConfigError
+from spekula.limits import ContextExceeded, EmptyPrompt, OutOfVocabulary, check_prompt
+from spekula.pipeline import Pipeline
+from spekula.server.errors import APIError
+from spekula.server.metrics import ServerMetrics
+from spekula.server.scheduler import Scheduler
+from spekula.server.schemas import GenerationRequest
+from spekula.server.settings import ServerSettings
+
+
+@dataclass
+class ServerState:
+    """What the routes share: reached as request.app.state.server."""
+
+    settings: ServerSettings
+    metrics: ServerMetrics
+    pipeline: Pipeline | None = None
+    scheduler: Scheduler | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    # Fast tokenizers must not be used for two encodes at once; decoding (in the worker) only reads.
+    encode_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name or self.pipeline.target.name
+
+    def encode(self, req: GenerationRequest) -> list[int]:
+        """Prompt or chat messages -> token ids, checked against the model's vocabulary and context."""
+        target, codec = self.pipeline.target, self.pipeline.codec
+        if isinstance(req.prompt, list):
+            ids = list(req.prompt)
+        else:
+            with self.encode_lock:
+                try:
+                    if req.kind == "completion":
+                        ids = codec.encode(prompt=req.prompt)
+                    else:
+                        ids = codec.encode(messages=req.messages, chat=True)
+                except ConfigError as e:  # no chat template
+                    raise APIError(422, f"{e}; use /v1/completions", param="messages") from None
+                except Exception as e:  # a template that refuses the conversation (e.g. roles must alternate)
+                    message = f"the model's chat template refused these messages: {e}"
+                    raise APIError(422, message, param="messages") from None
+        param = "prompt" if req.kind == "completion" else "messages"
+        try:
+            check_prompt(ids, target.vocab_size, target.context_length)
+        except EmptyPrompt:  # the engine's message knows no text; this one says what the text did
+            message = f"'{param}' is empty after tokenization; give at least one token of text"
+            raise APIError(400, message, param=param) from None
+        except OutOfVocabulary as e:
+            raise APIError(400, str(e), param=param) from None
+        except ContextExceeded as e:
+            raise APIError(422, str(e), param=param, code="context_length_exceeded") from None
+        return ids

@@ -1,0 +1,90 @@
+"""scripts/pass_costs.py on an in-memory model: every timed pass starts from the same cache, one line per
+model and width in the documented format, and bad widths are refused before anything loads."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from spekula.testing import FunctionSequence, random_table_backend
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("pass_costs", SCRIPTS / "pass_costs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ByteCodec:
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
+class Recording(FunctionSequence):
+    """Records the cache length at which every pass starts."""
+
+    starts: list[int]
+
+    def _forward(self, token_ids, num_logits):
+        self.starts.append(self.length)
+        return super()._forward(token_ids, num_logits)
+
+
+def recording_backend():
+    backend = random_table_backend(256, seed=0)
+    starts: list[int] = []
+
+    def new_sequence() -> Recording:
+        seq = Recording(backend)
+        seq.starts = starts
+        return seq
+
+    backend.new_sequence = new_sequence
+    return backend, starts
+
+
+def test_every_timed_pass_starts_from_the_context(script):
+    backend, starts = recording_backend()
+    context = list(range(10, 20))
+    medians = list(script.time_passes(backend, context, [1, 3, 2], repeats=2))
+    assert [n for n, _ in medians] == [1, 3, 2]
+    assert all(seconds > 0 for _, seconds in medians)
+    # the prefill, the warm-up pass after it, then 2 timed passes per width, each after truncating to the context
+    assert starts == [0, 10] + [10] * 6
+    assert backend.tokens_fed == 10 + 1 + 2 * (1 + 3 + 2)
+
+
+def test_main_prints_one_line_per_model_and_width(script, monkeypatch, capsys):
+    loaded = []
+
+    def load_model(name, config):
+        loaded.append((name, config.runtime, config.dtype))
+        return random_table_backend(256, seed=1), ByteCodec()
+
+    monkeypatch.setattr(script, "load_model", load_model)
+    argv = ["--runtime", "native", "--context", "12", "--widths", "1,4", "--repeats", "2", "a", "b"]
+    assert script.main(argv) == 0
+    assert loaded == [("a", "native", "float32"), ("b", "native", "float32")]
+    lines = capsys.readouterr().out.splitlines()
+    pattern = re.compile(r"^(a|b) native float32 context=12 S=(1|4): \d+ ms$")
+    assert [pattern.match(line).groups() for line in lines] == [("a", "1"), ("a", "4"), ("b", "1"), ("b", "4")]
+
+
+def test_defaults(script):
+    args = script.parse_args([])
+    assert args.widths == [1, 2, 5, 9] and args.models == script.DEFAULT_MODELS and args.repeats == 1
+
+
+@pytest.mark.parametrize("argv", [["--widths", "1,x"], ["--widths", "0,2"], ["--widths", ","], ["--repeats", "0"]])
+def test_bad_options_are_refused(script, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error" in capsys.readouterr().err

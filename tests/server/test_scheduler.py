@@ -1,0 +1,169 @@
+"""The scheduler without HTTP: every request runs plan -> score -> complete, alone or in a batch, and
+is finished in the round in which it finishes.
+
+Jobs are submitted before the worker starts, so the first round admits them all; every event is
+tagged with the round the worker was in when it sent it. close() returns once every job has
+finished and the worker has stopped, so nothing here waits on time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from serverkit import fake_pipeline, native_pipeline
+
+from spekula.config import SamplingParams, StopConfig
+from spekula.cost import CostModel
+from spekula.engine import Generation
+from spekula.server.metrics import ServerMetrics
+from spekula.server.scheduler import Delta, Event, Finished, Job, Scheduler
+
+WAIT = 20.0  # seconds close() may take before the test fails
+
+
+@dataclass
+class Request:
+    prompt: str
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def stop_config(self) -> StopConfig:
+        return StopConfig(max_tokens=self.max_tokens, stop=self.stop, ignore_eos=self.ignore_eos)
+
+
+@dataclass
+class Outcome:
+    events: list[tuple[int, Event]]  # (round, event), in the order the sink got them
+
+    @property
+    def finished(self) -> Finished:
+        last = self.events[-1][1]
+        assert isinstance(last, Finished), last
+        return last
+
+    @property
+    def finished_round(self) -> int:
+        return self.events[-1][0]
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for _, e in self.events if isinstance(e, Delta))
+
+
+def run(pipe, requests: list[Request], scheduler: Scheduler | None = None) -> list[Outcome]:
+    scheduler = scheduler or Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    outcomes = [Outcome([]) for _ in requests]
+    for i, r in enumerate(requests):
+        sink = outcomes[i].events.append
+        ids = pipe.codec.encode(r.prompt)
+        job = Job(f"job-{i}", ids, r.sampling, r.stop_config, lambda e, sink=sink: sink((scheduler.rounds, e)), WAIT)
+        scheduler.submit(job)
+    scheduler.start()
+    assert scheduler.close(WAIT)
+    return outcomes
+
+
+PIPELINES = {
+    "one-after-another": lambda k: fake_pipeline(draft="other", k=k),  # a backend that does not batch
+    "batched": lambda k: native_pipeline(k=k, draft="other"),  # the native runner: one forward per round
+}
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_a_lone_request_runs_the_same_steps_as_in_a_batch(kind, monkeypatch):
+    """Alone or beside another request, a request takes the same steps and gives the same text;
+    greedy, that text is plain decoding's. None of it goes through the generator path."""
+    pipe = PIPELINES[kind](3)
+    greedy = Request("lone or not: ", 24)
+    sampled = Request("company", 30, SamplingParams(temperature=0.9, seed=5))
+    ids = pipe.codec.encode(greedy.prompt)
+    plain = pipe.generate(ids, SamplingParams(), StopConfig(max_tokens=24), plain=True).text
+
+    def unused(self):
+        raise AssertionError("the scheduler stepped a request through the generator path")
+        yield
+
+    monkeypatch.setattr(Generation, "_run", unused)
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    (alone,) = run(pipe, [greedy], scheduler)
+    (sampled_alone,) = run(pipe, [sampled])
+    together = run(pipe, [greedy, sampled])
+
+    assert alone.text == alone.finished.text == plain
+    for lone, paired in ((alone, together[0]), (sampled_alone, together[1])):
+        a, b = lone.finished.stats, paired.finished.stats
+        assert paired.text == lone.text and paired.finished.finish_reason == lone.finished.finish_reason == "length"
+        steps = [(s.target_passes, s.k_chosen, s.drafted, s.accepted) for s in (a, b)]
+        assert steps[0] == steps[1]
+    assert alone.finished_round == alone.finished.stats.target_passes == scheduler.rounds  # one step per round
+    if kind == "batched":  # the lone request's passes were batches of one
+        registry = scheduler.metrics.registry
+        assert registry.get_sample_value("spekula_batch_size_count") == scheduler.rounds
+        assert registry.get_sample_value("spekula_batch_size_sum") == scheduler.rounds
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_a_request_is_finished_in_the_round_it_finishes(kind):
+    """Its last text and its end go out in the round of its last step, before the next round: the
+    short request's Finished is tagged with the round of its last target pass while the long one runs on.
+    (The random native model may end the short one with its end-of-sequence token: the same holds.)"""
+    pipe = PIPELINES[kind](4)
+    requests = [Request("short", 6), Request("and a long one", 40, ignore_eos=True)]
+    short, long = run(pipe, requests)
+    for outcome, request in zip((short, long), requests):
+        ids = pipe.codec.encode(request.prompt)
+        plain = pipe.generate(ids, request.sampling, request.stop_config, plain=True)
+        stats = outcome.finished.stats
+        assert outcome.text == plain.text and outcome.finished.finish_reason == plain.finish_reason
+        assert stats.output_tokens == len(plain.token_ids)
+        assert outcome.finished_round == stats.target_passes  # admitted in round 1, one step per round
+    assert long.finished.stats.output_tokens == 40
+    assert short.finished_round < long.finished_round  # the other request kept running after it
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_a_stop_string_or_a_full_context_ends_the_request_in_that_round(kind):
+    """The other ends: a stop string (found by the text layer) and a context that has no room for
+    another token (found by the engine in complete(), not by the next plan())."""
+    pipe = PIPELINES[kind](4)
+    full = pipe.generate(pipe.codec.encode("stop here"), SamplingParams(), StopConfig(max_tokens=40), plain=True).text
+    stop = full[12:14]
+    context = pipe.target.context_length
+    crowded = "x" * (context - 10)  # room for 10 tokens; max_tokens asks for more
+    stopped, filled = run(pipe, [Request("stop here", 40, stop=(stop,)), Request(crowded, 100)])
+    assert stopped.text == stopped.finished.text == full[: full.index(stop)]
+    assert stopped.finished.finish_reason == "stop" and stopped.finished_round == stopped.finished.stats.target_passes
+    assert filled.finished.finish_reason == "length" and filled.finished.stats.output_tokens == 10
+    assert filled.finished_round == filled.finished.stats.target_passes
+
+
+def test_a_batch_of_one_lets_the_request_s_own_controller_choose_k(monkeypatch):
+    """--k auto on a batching backend: alone, a request's k comes from its own controller, exactly as
+    through the pipeline; the scheduler imposes a round's k (the batch rule) only on two or more."""
+    pipe = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)  # calibrates the batch widths
+
+    def frozen() -> CostModel:  # the same costs for every run: measured ones would depend on the machine's load
+        return CostModel(target_s={n: 0.002 for n in range(1, 18)}, draft_s_per_token=0.0005, frozen=True)
+
+    request = Request("auto k: ", 40)
+    pipe.engine.costs = frozen()
+    reference = pipe.generate(pipe.codec.encode(request.prompt), SamplingParams(), request.stop_config)
+
+    imposed: list[int | None] = []  # the k the scheduler gave each plan() (None: the request's controller chooses)
+    plan = Generation.plan
+    monkeypatch.setattr(Generation, "plan", lambda self, k=None: imposed.append(k) or plan(self, k))
+    pipe.engine.costs = frozen()
+    (alone,) = run(pipe, [request], scheduler)
+    stats = alone.finished.stats
+    assert alone.text == reference.text
+    assert (stats.k_chosen, stats.target_passes) == (reference.stats.k_chosen, reference.stats.target_passes)
+    assert max(stats.k_chosen) > 0 and imposed == [None] * stats.target_passes
+
+    imposed.clear()
+    run(pipe, [request, Request("a second one", 40)])
+    assert imposed and all(k is not None for k in imposed[:2])  # round 1 of two requests: the batch rule's k

@@ -1,0 +1,370 @@
+"""Suffix lookup: the index and its counts, longest match, draft by frequency, match-length-dependent
+draft length, the cross-request cache (LRU by entries and bytes, bounded memory, namespaces), and the
+engine: greedy output identical to plain decoding, drafts accepted on repetitive text."""
+
+from __future__ import annotations
+
+import gc
+import random
+import tracemalloc
+
+import pytest
+import torch
+
+from spekula.config import SamplingParams, SpecConfig, StopConfig
+from spekula.engine import Engine
+from spekula.errors import ConfigError
+from spekula.proposers import SUFFIX, build_proposer, needs_model
+from spekula.proposers.base import NO_DRAFT
+from spekula.proposers.suffix import (
+    ANCHORS,
+    BYTES_PER_ENTRY,
+    BYTES_PER_TOKEN,
+    SuffixCache,
+    SuffixConfig,
+    SuffixFactory,
+    SuffixIndex,
+    SuffixProposer,
+    common_suffix,
+    match_class,
+)
+from spekula.testing import FunctionBackend, random_table_backend
+
+GREEDY = SamplingParams()
+DEFAULTS = SuffixConfig()
+
+
+def propose(context, k=8, config=DEFAULTS, cache=None, namespace=""):
+    return SuffixProposer(config, cache, namespace).propose(context, k, GREEDY, None).tokens
+
+
+def continuations(index: SuffixIndex, suffix: list[int]) -> dict[int, int]:
+    """The counts at the trie node of `suffix`: how often each token followed an occurrence of it."""
+    level = max(i for i, n in enumerate(ANCHORS) if n <= len(suffix))
+    key = suffix[-1] if ANCHORS[level] == 1 else hash(tuple(suffix[-ANCHORS[level]:]))
+    counts: dict[int, int] = {}
+    for _, seq, end in index.occurrences(level, key, limit=10**9):
+        if end >= len(suffix) and common_suffix(seq, end, suffix, len(suffix)) == len(suffix):
+            counts[seq[end]] = counts.get(seq[end], 0) + 1
+    return counts
+
+
+def table_sizes(index: SuffixIndex) -> list[int]:
+    """Position codes held by each anchor table."""
+    return [sum(1 if type(v) is int else len(v) for v in table.values()) for table in index.tables]
+
+
+# -- the index --------------------------------------------------------------------------------------
+
+
+def test_counts_after_inserting_sequences():
+    index = SuffixIndex()
+    index.extend(0, [1, 2, 3, 1, 2, 4, 1, 2, 3])
+    assert continuations(index, [1, 2]) == {3: 2, 4: 1}
+    assert continuations(index, [2]) == {3: 2, 4: 1}
+    assert continuations(index, [1, 2, 3]) == {1: 1}  # the last 1, 2, 3 has no continuation yet
+    index.extend(7, [5, 1, 2, 3, 1, 2, 3])
+    assert continuations(index, [1, 2]) == {3: 4, 4: 1}
+    assert continuations(index, [1, 2, 3]) == {1: 2}
+    assert continuations(index, [5, 1, 2, 3, 1]) == {2: 1}
+    assert continuations(index, [9]) == {}
+    # every position with a continuation is indexed once per anchor that fits before it
+    assert table_sizes(index) == [8 + 6, 7 + 5, 5 + 3, 1 + 0]
+    with pytest.raises(ValueError, match="only the newest may grow"):  # the lists would no longer be sorted
+        index.extend(0, [1])
+    index.remove(0)
+    assert continuations(index, [1, 2]) == {3: 2}
+    assert table_sizes(index) == [6, 5, 3, 0]
+    index.remove(7)
+    assert [len(t) for t in index.tables] == [0, 0, 0, 0] and len(index) == 0
+
+
+def test_common_suffix():
+    seq = [9, 1, 2, 3, 4, 5]
+    assert common_suffix(seq, 4, [7, 2, 3], 3) == 2
+    assert common_suffix(seq, 4, [1, 2, 3], 3) == 3
+    assert common_suffix(seq, 4, [0, 1, 2, 3], 4) == 3
+    assert common_suffix(seq, 4, [8], 1) == 0
+
+
+def test_incremental_update_equals_rebuild():
+    rng = random.Random(0)
+    context = [rng.randrange(6) for _ in range(300)]
+    p = SuffixProposer(SuffixConfig(cache_entries=0))
+    end = 5
+    p.observe(context[:end], None)
+    while end < len(context):
+        end = min(len(context), end + rng.randint(1, 9))
+        got = p.propose(context[:end], 8, GREEDY, None).tokens
+        fresh = SuffixProposer(SuffixConfig(cache_entries=0))
+        assert got == fresh.propose(context[:end], 8, GREEDY, None).tokens
+        assert p.draft_class(context[:end]) == fresh.draft_class(context[:end])
+        p.observe(context[:end], None)
+    rebuilt = SuffixIndex()
+    rebuilt.extend(0, context)
+    assert p._local.tables == rebuilt.tables and p._local.seqs == rebuilt.seqs
+
+
+# -- drafting ---------------------------------------------------------------------------------------
+
+
+def test_longest_match_wins():
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    context = [7, 1, 2, 3, 3, 0, 9, 2, 3, 5, 1, 2, 3]
+    # (2, 3) and (3) occur more recently, but (1, 2, 3) is the longest suffix seen before
+    p = SuffixProposer(SuffixConfig(spec_factor=4.0))
+    match = p.match(context)
+    assert match.length == 3 and match.tokens[:3] == [3, 0, 9]
+    assert p.draft_class(context) == "suffix-2..3"
+
+
+def test_draft_follows_the_most_frequent_continuation():
+    # after (8, 1): 4 twice, 6 once (the most recent); n-gram lookup would take the most recent
+    context = [8, 1, 4, 0, 8, 1, 4, 2, 8, 1, 6, 3, 8, 1]
+    assert propose(context, config=SuffixConfig(spec_factor=1.0)) == [4, 2]  # then 2 and 0 tie: the most recent
+    # a tie goes to the most recent occurrence
+    assert propose([5, 1, 2, 5, 1, 3, 5, 1], config=SuffixConfig(spec_factor=1.0)) == [3, 5]
+
+
+def test_draft_stops_when_the_continuation_is_improbable():
+    context = [1, 9, 1, 8, 1, 7, 1, 6, 1]  # four continuations of (1), each 1/4
+    assert propose(context, config=SuffixConfig(min_token_prob=0.3)) == []
+    assert SuffixProposer(SuffixConfig(min_token_prob=0.3)).draft_class(context) == NO_DRAFT
+    assert propose(context, config=SuffixConfig(min_token_prob=0.25)) == [6]
+
+
+def test_draft_length_depends_on_the_match_length():
+    prefix = list(range(10, 30))
+    context = [*prefix, 99, *prefix[:2]]  # matches (10, 11) only: 2 tokens
+    assert propose(context, k=8) == [12, 13]
+    assert propose(context, k=8, config=SuffixConfig(spec_factor=2.0)) == [12, 13, 14, 15]
+    assert propose(context, k=3, config=SuffixConfig(spec_factor=2.0)) == [12, 13, 14]
+    assert propose(context, k=8, config=SuffixConfig(spec_factor=1.0, spec_offset=1.0)) == [12, 13, 14]
+    long = [*prefix, 99, *prefix[:12]]
+    assert propose(long, k=16) == prefix[12:] + [99] + prefix[:3]  # a 12-token match: up to 12 tokens
+    assert propose(long, k=16, config=SuffixConfig(max_draft=5)) == prefix[12:17]
+
+
+def test_repeating_text_continues_past_the_end_of_the_context():
+    context = [4, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    assert propose(context, k=8) == [1, 2, 3, 1, 2, 3]  # a 6-token match (3 periods overlap it)
+    assert propose(context, k=8, config=SuffixConfig(spec_factor=2.0)) == [1, 2, 3, 1, 2, 3, 1, 2]
+
+
+def test_no_match_no_draft():
+    assert propose([1, 2, 3, 4]) == []
+    assert propose([5]) == []
+    assert SuffixProposer().draft_class([1, 2, 3]) == NO_DRAFT
+    assert SuffixProposer().propose([1, 2, 1], 0, GREEDY, None).tokens == []
+
+
+def test_draft_class_buckets_the_match_length():
+    assert [match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
+        "suffix-1", "suffix-2..3", "suffix-2..3", "suffix-4..7", "suffix-4..7", "suffix-8..15", "suffix-8..15",
+        "suffix-16+", "suffix-16+",
+    ]
+    text = list(range(100, 140))
+    p = SuffixProposer()
+    assert p.draft_class([*text, 7, *text[:20]]) == "suffix-16+"
+    assert p.match([*text, 7, *text[:20]]).length == 20
+    deep = list(range(200, 300))
+    assert SuffixProposer(SuffixConfig(max_depth=40)).match([*deep, 7, *deep[:60]]).length == 40
+
+
+def test_never_drafts_ids_outside_the_vocabulary():
+    cache = SuffixCache(8, 1 << 20)
+    cache.add("", [1, 2, 3, 500, 4])
+    p = SuffixProposer(SuffixConfig(spec_factor=4.0), cache, "", vocab_size=100)
+    assert p.propose([9, 1, 2], 8, GREEDY, None).tokens == [3]
+    assert SuffixProposer(SuffixConfig(spec_factor=4.0), cache, "").propose([9, 1, 2], 8, GREEDY, None).tokens == [
+        3, 500, 4,
+    ]
+
+
+def test_config_is_validated():
+    for kwargs, words in [
+        ({"max_depth": 0}, "max_depth must be an integer >= 1"),
+        ({"max_candidates": 1.5}, "max_candidates must be an integer >= 1"),
+        ({"cache_entries": -1}, "cache_entries must be an integer >= 0"),
+        ({"cache_bytes": -5}, "cache_bytes must be an integer >= 0"),
+        ({"spec_factor": 0}, "spec_factor must be > 0"),
+        ({"spec_offset": -1}, "spec_offset must be >= 0"),
+        ({"min_token_prob": 1.5}, "min_token_prob must be a probability"),
+        ({"max_draft": 0}, "max_draft must be an integer >= 1"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            SuffixConfig(**kwargs)
+
+
+# -- the cross-request cache ------------------------------------------------------------------------
+
+
+def finish(factory, prompt, output, namespace=""):
+    """A request over `prompt` that answered `output`, closed: its output joins the cache."""
+    p = factory.create(namespace)
+    p.observe(prompt, None)
+    p.observe(prompt + output, None)
+    p.close()
+
+
+def test_a_finished_requests_output_drafts_later_requests():
+    factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    answer = [50, 51, 52, 53, 54, 55]
+    finish(factory, [1, 2], answer)
+    assert factory.cache.entries == 1 and factory.cache.tokens == len(answer)  # the output only
+    assert factory.create().propose([3, 50, 51], 8, GREEDY, None).tokens == [52, 53, 54, 55]
+    assert factory.create().propose([3, 1, 2], 8, GREEDY, None).tokens == []  # prompts are not cached by default
+    with_prompts = SuffixFactory(SuffixConfig(cache_prompts=True))
+    finish(with_prompts, [1, 2], answer)
+    assert with_prompts.create().propose([3, 1, 2], 8, GREEDY, None).tokens == [50, 51]
+
+
+def test_namespaces_never_see_each_others_text():
+    factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    secret = [70, 71, 72, 73, 74]
+    finish(factory, [1, 2], secret, namespace="alice")
+    finish(factory, [1, 2], [80, 81, 82], namespace="bob")
+    assert factory.create("alice").propose([70, 71], 8, GREEDY, None).tokens == [72, 73, 74]
+    bob = factory.create("bob")
+    assert bob.propose([70, 71], 8, GREEDY, None).tokens == []
+    assert bob.draft_class([70, 71]) == NO_DRAFT
+    assert factory.create("").propose([70, 71], 8, GREEDY, None).tokens == []
+    # fuzz: bob's drafts only ever hold tokens bob's own text contains
+    rng = random.Random(1)
+    for _ in range(200):
+        context = [rng.choice([70, 71, 72, 73, 74, 80, 81, 82]) for _ in range(rng.randint(1, 6))]
+        drafted = set(factory.create("bob").propose(context, 8, GREEDY, None).tokens)
+        assert drafted <= {80, 81, 82} | set(context)
+
+
+def test_lru_eviction_by_entries():
+    cache = SuffixCache(max_entries=3, max_bytes=1 << 30)
+    ids = [cache.add("", [100 * i + j for j in range(5)]) for i in range(3)]
+    SuffixProposer(SuffixConfig(), cache).propose([9, 0, 1], 4, GREEDY, None)  # entry 0 serves a draft
+    cache.add("", [400, 401, 402])  # evicts the least recently used: entry 1, not entry 0
+    assert cache.entries == 3
+    assert propose([9, 0, 1], cache=cache) == [2, 3]
+    assert propose([9, 100, 101], cache=cache) == []
+    assert propose([9, 200, 201], cache=cache) == [202, 203]
+    assert ids == [0, 1, 2]
+
+
+def test_lru_eviction_by_bytes():
+    entry = 30 * BYTES_PER_TOKEN + BYTES_PER_ENTRY  # what a 30-token entry counts for
+    max_bytes = 3 * entry + 10
+    cache = SuffixCache(max_entries=1000, max_bytes=max_bytes)
+    for i in range(50):
+        cache.add("", list(range(1000 * i, 1000 * i + 30)))
+        assert cache.nbytes <= max_bytes
+    assert (cache.entries, cache.tokens, cache.nbytes) == (3, 90, 3 * entry)
+    assert propose([1, 49000, 49001], cache=cache) == [49002, 49003]
+    assert propose([1, 46000, 46001], cache=cache) == []
+    cache.add("", list(range(500)))  # longer than the whole cache holds: its last tokens that fit
+    assert cache.entries == 1 and cache.tokens == (max_bytes - BYTES_PER_ENTRY) // BYTES_PER_TOKEN
+    assert cache.nbytes <= max_bytes and propose([1, 498], cache=cache) == [499]
+    assert SuffixCache(max_entries=0, max_bytes=1 << 20).add("", [1, 2, 3]) is None
+    assert SuffixCache(max_entries=8, max_bytes=BYTES_PER_ENTRY).add("", [1, 2, 3]) is None
+
+
+@pytest.mark.parametrize("vocab, lengths", [(150_000, (20, 120)), (1000, (20, 120)), (20, (20, 120)), (99_000, (2, 3))])
+def test_memory_stays_bounded_under_many_insertions(vocab, lengths):
+    """The cache's real memory (tracemalloc) stays under what it counts (nbytes), which stays under
+    its bound, however many entries come and go, in several namespaces. A large vocabulary is the worst
+    case per token (nearly every anchor is new), tiny entries the worst case per entry."""
+    max_bytes = 1 << 19
+    rng = random.Random(2)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cache = SuffixCache(max_entries=1000, max_bytes=max_bytes)
+        mean_entry = BYTES_PER_TOKEN * sum(lengths) / 2 + BYTES_PER_ENTRY
+        insertions = int(5 * max_bytes / mean_entry)  # the cache fills and turns over a few times
+        for i in range(insertions):
+            cache.add(f"key-{i % 3}", [rng.randrange(vocab) for _ in range(rng.randint(*lengths))])
+            assert cache.nbytes <= max_bytes
+            if i % (insertions // 20) == 0:  # (what the cache frees, refcounting frees at once: no cycles)
+                used = tracemalloc.get_traced_memory()[0] - base
+                assert used <= cache.nbytes, f"{used} bytes traced, {cache.nbytes} counted"
+        assert cache.nbytes > max_bytes // 2  # full: the bound is what limits it
+        spaces = list(cache._spaces.values())
+        assert sum(table_sizes(s)[0] for s in spaces) == cache.tokens - sum(len(s.seqs) for s in spaces)
+    finally:
+        tracemalloc.stop()
+
+
+def test_emptied_namespaces_are_dropped():
+    cache = SuffixCache(max_entries=4, max_bytes=1 << 20)
+    for i in range(50):
+        cache.add(f"key-{i}", list(range(i, i + 40)))
+    assert sorted(cache.namespaces()) == ["key-46", "key-47", "key-48", "key-49"]
+    cache.clear()
+    assert (cache.entries, cache.tokens, cache.namespaces()) == (0, 0, [])
+
+
+# -- the registry and the engine --------------------------------------------------------------------
+
+VOCAB = 40
+PROMPTS = [[1, 2, 3, 4, 5], [7], [3, 9, 3, 9, 3, 9, 3]]
+
+
+def run(engine, prompt, max_tokens=30, sampling=GREEDY):
+    return engine.generate(prompt, sampling, StopConfig(max_tokens=max_tokens)).run()
+
+
+def test_registered_as_a_model_free_proposer():
+    target = random_table_backend(VOCAB, seed=0, order=2)
+    factory = build_proposer(SUFFIX, SpecConfig(), target=target)
+    assert isinstance(factory, SuffixFactory) and factory.vocab_size == VOCAB and factory.name == "suffix"
+    assert not needs_model("suffix")
+    with pytest.raises(ConfigError, match="no probabilities"):
+        build_proposer(SUFFIX, SpecConfig(draft_confidence=0.4), target=target)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8, 15])
+def test_greedy_speculative_equals_plain(k):
+    target = random_table_backend(VOCAB, seed=0, order=2)
+    factory = SuffixFactory(vocab_size=VOCAB)  # one factory: later prompts also draft from the cache
+    for prompt in PROMPTS * 2:
+        plain = run(Engine(target), prompt, max_tokens=40)
+        spec = run(Engine(target, factory, SpecConfig(k=k)), prompt, max_tokens=40)
+        assert spec.token_ids == plain.token_ids
+        assert spec.finish_reason == plain.finish_reason == "length"
+    assert factory.cache.entries == len(PROMPTS) * 2
+
+
+def test_sampling_keeps_the_target_cache_at_the_committed_tokens():
+    target = random_table_backend(VOCAB, seed=0, order=2)
+    engine = Engine(target, SuffixFactory(), SpecConfig(k=4))
+    gen = engine.generate(PROMPTS[2], SamplingParams(temperature=1.0, seed=3), StopConfig(max_tokens=40))
+    for _ in gen:
+        assert gen.target_sequence.tokens == (PROMPTS[2] + gen.token_ids)[:-1]  # the last token is pending
+    assert gen.stats.drafted > 0 and len(gen.token_ids) == 40
+
+
+def test_drafts_are_accepted_on_repetitive_text():
+    period = [11, 12, 13, 14, 15, 16, 17]
+
+    def logits_fn(prefix):  # continues the prompt's period forever
+        out = torch.zeros(VOCAB)
+        out[period[(len(prefix)) % len(period)]] = 10.0
+        return out
+
+    target = FunctionBackend(logits_fn, VOCAB)
+    prompt = period * 2
+    g = run(Engine(target, SuffixFactory(), SpecConfig(k=8)), prompt, max_tokens=60)
+    assert g.token_ids == run(Engine(target), prompt, max_tokens=60).token_ids
+    assert g.stats.tau > 4 and g.stats.alpha > 0.9
+    assert g.stats.target_passes < 15
+
+
+def test_a_repeated_request_drafts_from_the_cache():
+    target = random_table_backend(200, seed=5, order=2)  # rarely repeats itself within a request
+    factory = SuffixFactory()
+    engine = Engine(target, factory, SpecConfig(k=8))
+    prompt = [1, 2, 3, 4]
+    first = run(engine, prompt, max_tokens=60)
+    second = run(engine, prompt, max_tokens=60)
+    assert second.token_ids == first.token_ids
+    assert first.stats.tau < 1.5
+    assert second.stats.tau > 3 and second.stats.target_passes < first.stats.target_passes / 2
