@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.spekula-installed
 # The models the demo and the tests use; `spekula models fetch` skips what is already verified.
 MODELS := smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
-.PHONY: setup models demo test test-fast
+.PHONY: setup models demo lint test test-fast
 
 $(STAMP): pyproject.toml requirements/base.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,12 +20,19 @@ setup: $(STAMP)
 models: setup
 	$(PY) -m spekula models fetch $(MODELS)
 
+# A code edit whose answer re-emits the prompt, drafted from the context by suffix lookup, on the default
+# runtime, then the same prompt decoded plainly on that runtime: the speedup and whether the outputs match.
 demo: models
-	$(PY) -m spekula generate --compare
+	$(PY) -m spekula generate --draft suffix --compare
 
-test: models
+# ruff first: style and lint (pyproject.toml, [tool.ruff]), then every test
+lint: setup
+	$(PY) -m ruff check src tests scripts
+	$(PY) -m ruff format --check src tests scripts
+
+test: models lint
 	$(PY) -m pytest
 
 # Every test that needs no model weights (tests that load them are marked `model`).
-test-fast: setup
+test-fast: lint
 	$(PY) -m pytest -m "not model"

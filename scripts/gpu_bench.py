@@ -46,17 +46,44 @@ SELF = "self"  # --draft self: the target drafts for itself
 # The converted catalogue models' config.json, as native_loader.args_from_hf_config reads them.
 RANDOM_SHAPES = {
     "qwen2.5-coder-1.5b": ModelArgs(
-        vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128, hidden_dim=8960,
-        norm_eps=1e-6, max_seq_len=32768, rope_theta=1e6, qkv_bias=True,
+        vocab_size=151936,
+        dim=1536,
+        n_layers=28,
+        n_heads=12,
+        n_kv_heads=2,
+        head_dim=128,
+        hidden_dim=8960,
+        norm_eps=1e-6,
+        max_seq_len=32768,
+        rope_theta=1e6,
+        qkv_bias=True,
     ),
     "qwen2.5-coder-0.5b": ModelArgs(
-        vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64, hidden_dim=4864,
-        norm_eps=1e-6, max_seq_len=32768, rope_theta=1e6, qkv_bias=True,
+        vocab_size=151936,
+        dim=896,
+        n_layers=24,
+        n_heads=14,
+        n_kv_heads=2,
+        head_dim=64,
+        hidden_dim=4864,
+        norm_eps=1e-6,
+        max_seq_len=32768,
+        rope_theta=1e6,
+        qkv_bias=True,
     ),
 }
 TINY = ModelArgs(
-    vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128,
-    norm_eps=1e-6, max_seq_len=1024, rope_theta=1e6, qkv_bias=True,
+    vocab_size=256,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    hidden_dim=128,
+    norm_eps=1e-6,
+    max_seq_len=1024,
+    rope_theta=1e6,
+    qkv_bias=True,
 )
 
 PROMPTS = [
@@ -133,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     proposer = build_proposer(draft.name, spec_config, target=target, load_draft=lambda _: draft)
     spec_engine = Engine(target, proposer, spec_config)
     load_s = time.perf_counter() - start
-    log(f"{target_name} <- {draft_label}, {weights} weights, {args.dtype} on {device}; "
-        f"loaded in {load_s:.1f} s")
+    log(f"{target_name} <- {draft_label}, {weights} weights, {args.dtype} on {device}; loaded in {load_s:.1f} s")
 
     stop = StopConfig(max_tokens=args.new_tokens, ignore_eos=True)
 
@@ -156,13 +182,17 @@ def main(argv: list[str] | None = None) -> int:
                 spec, plain = run(spec_engine, ids), run(plain_engine, ids)
             plain_runs.append(plain)
             spec_runs.append(spec)
-            log(f"prompt {i} repeat {repeat}: plain {plain.stats.tokens_per_s:7.1f} tok/s, "
+            log(
+                f"prompt {i} repeat {repeat}: plain {plain.stats.tokens_per_s:7.1f} tok/s, "
                 f"spec {spec.stats.tokens_per_s:7.1f} tok/s, alpha {_round(spec.stats.alpha, 2)}, "
-                f"identical {spec.token_ids == plain.token_ids}")
+                f"identical {spec.token_ids == plain.token_ids}"
+            )
 
     # Greedy equality, and where it fails the target's top-2 logit gap there (near 0: bf16 numerics, not a bug).
-    cases = [compare_tokens("spec", f"prompt {n % len(prompts)}", p.token_ids, s.token_ids, target, p.prompt_ids)
-             for n, (p, s) in enumerate(zip(plain_runs, spec_runs))]
+    cases = [
+        compare_tokens("spec", f"prompt {n % len(prompts)}", p.token_ids, s.token_ids, target, p.prompt_ids)
+        for n, (p, s) in enumerate(zip(plain_runs, spec_runs))
+    ]
     plain_stats, spec_stats = merge_stats(g.stats for g in plain_runs), merge_stats(g.stats for g in spec_runs)
     result = {
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -195,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         "load_s": round(load_s, 2),
         "warmup_s": round(warmup_s, 2),
     }
-    log(f"plain {result['plain_tok_s']} tok/s, speculative {result['spec_tok_s']} tok/s: {result['speedup']}x; "
-        f"alpha {result['alpha']}, tau {result['tau']}; greedy equal {result['identical']}")
+    log(
+        f"plain {result['plain_tok_s']} tok/s, speculative {result['spec_tok_s']} tok/s: {result['speedup']}x; "
+        f"alpha {result['alpha']}, tau {result['tau']}; greedy equal {result['identical']}"
+    )
     print(json.dumps(result), flush=True)
     return 0
 

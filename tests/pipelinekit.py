@@ -45,8 +45,9 @@ class ByteTokenizer:
 
 
 class SlowBackend(FunctionBackend):
-    def __init__(self, logits_fn, vocab_size, *, delay_s: float = 0.0, valve: threading.Event | None = None,
-                 **kw) -> None:
+    def __init__(
+        self, logits_fn, vocab_size, *, delay_s: float = 0.0, valve: threading.Event | None = None, **kw
+    ) -> None:
         super().__init__(logits_fn, vocab_size, **kw)
         self.delay_s = delay_s
         self.valve = valve
@@ -82,17 +83,27 @@ def printable_table(seed: int, eos_bias: float = -4.0):
     return logits_fn
 
 
-def fake_pipeline(draft: str = "same", k: int | None = 4, delay_s: float = 0.0, valve: threading.Event | None = None,
-                  context_length: int = 512, draft_delay_s: float = 0.0) -> Pipeline:
+def fake_pipeline(
+    draft: str = "same",
+    k: int | None = 4,
+    delay_s: float = 0.0,
+    valve: threading.Event | None = None,
+    context_length: int = 512,
+    draft_delay_s: float = 0.0,
+) -> Pipeline:
     """draft: 'same' (a copy of the target: alpha = 1 when greedy), 'other' (a different table), 'ngram', 'none'.
     delay_s / draft_delay_s: simulated seconds per forward pass of the target / the draft model."""
-    target = SlowBackend(printable_table(0), VOCAB, eos=EOS, context_length=context_length, name=MODEL,
-                         delay_s=delay_s, valve=valve)
+    target = SlowBackend(
+        printable_table(0), VOCAB, eos=EOS, context_length=context_length, name=MODEL, delay_s=delay_s, valve=valve
+    )
     spec = SpecConfig(k=k)
 
     def table_draft(seed: int, name: str) -> DraftModelFactory:
-        return DraftModelFactory(SlowBackend(printable_table(seed), VOCAB, eos=EOS, context_length=context_length,
-                                             name=name, delay_s=draft_delay_s))
+        return DraftModelFactory(
+            SlowBackend(
+                printable_table(seed), VOCAB, eos=EOS, context_length=context_length, name=name, delay_s=draft_delay_s
+            )
+        )
 
     proposer = {
         "same": lambda: table_draft(0, "draft-same"),
@@ -109,8 +120,17 @@ def native_pipeline(k: int | None, draft: str = "self") -> Pipeline:
     from spekula.backends.native import ModelArgs, NativeBackend, Transformer
     from spekula.proposers.draft_model import DraftModelFactory
 
-    args = ModelArgs(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128,
-                     norm_eps=1e-6, max_seq_len=512)
+    args = ModelArgs(
+        vocab_size=VOCAB,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        hidden_dim=128,
+        norm_eps=1e-6,
+        max_seq_len=512,
+    )
     torch.manual_seed(0)
     target_model = Transformer(args).eval()
     target = NativeBackend(target_model, name=MODEL, eos_token_ids=[EOS])
@@ -120,5 +140,12 @@ def native_pipeline(k: int | None, draft: str = "self") -> Pipeline:
 
 
 __all__ = [
-    "native_pipeline", "ByteTokenizer", "SlowBackend", "fake_pipeline", "printable_table", "MODEL", "EOS", "VOCAB",
+    "native_pipeline",
+    "ByteTokenizer",
+    "SlowBackend",
+    "fake_pipeline",
+    "printable_table",
+    "MODEL",
+    "EOS",
+    "VOCAB",
 ]

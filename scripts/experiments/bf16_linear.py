@@ -62,9 +62,11 @@ def main() -> int:
     for s in (1, 2, 5, 9):
         x = torch.randn(s, 1536)
         xb = x.bfloat16()
-        row = [f"S={s}: bf16 F.linear {median_ms(lambda: F.linear(xb, weight)):.1f} ms",
-               f"fp32 {median_ms(lambda: F.linear(x, weight32)):.1f} ms",
-               f"bf16 upcast in chunks of 512 rows {median_ms(lambda: chunked(x, weight, 512)):.1f} ms"]
+        row = [
+            f"S={s}: bf16 F.linear {median_ms(lambda: F.linear(xb, weight)):.1f} ms",
+            f"fp32 {median_ms(lambda: F.linear(x, weight32)):.1f} ms",
+            f"bf16 upcast in chunks of 512 rows {median_ms(lambda: chunked(x, weight, 512)):.1f} ms",
+        ]
         if packed is not None:
             ms = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(xb, packed, None, "none", [], ""))
             row.append(f"oneDNN packed bf16 {ms:.1f} ms")

@@ -32,7 +32,12 @@ from spekula.text import TextCodec
 
 
 def replay(
-    prompt: list[int], output: list[int], controller, costs: CostModel, ngram_max: int, ngram_min: int,
+    prompt: list[int],
+    output: list[int],
+    controller,
+    costs: CostModel,
+    ngram_max: int,
+    ngram_min: int,
     classes: bool = True,
 ) -> tuple[float, int]:
     """(decode seconds, target passes) of n-gram speculation that produces `output` after `prompt`.
@@ -57,7 +62,12 @@ def replay(
 
 
 def acceptance_by_class(
-    prompt: list[int], output: list[int], k: int, ngram_max: int, ngram_min: int, counts: dict,
+    prompt: list[int],
+    output: list[int],
+    k: int,
+    ngram_max: int,
+    ngram_min: int,
+    counts: dict,
 ) -> None:
     """At every position of `output`, draft k tokens and count, per draft class (the matched length)
     and draft position i, how often position i was reached (every earlier token accepted) and accepted:
@@ -82,18 +92,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a spekula bench results.json (its plain-decoding outputs are replayed)")
     ap.add_argument("--costs", help="seconds per target pass by width, as n:s,n:s,... (at least n = 1)")
-    ap.add_argument("--by-class", action="store_true",
-                    help="instead: acceptance by draft class and position, drafting 8 tokens everywhere")
+    ap.add_argument(
+        "--by-class",
+        action="store_true",
+        help="instead: acceptance by draft class and position, drafting 8 tokens everywhere",
+    )
     ap.add_argument("--k", default="auto,8", help="comma-separated: auto and/or fixed k values")
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--ngram-min", type=int, default=1)
-    ap.add_argument("--one-class", action="store_true",
-                    help="every match in one draft class, not one class per matched length")
-    ap.add_argument("--prior-weight", type=float, default=AdaptiveK.prior_weight,
-                    help="AdaptiveK's prior_weight: how many of a request's own drafts the engine-wide rates count as "
-                    f"(default {AdaptiveK.prior_weight})")
-    ap.add_argument("--k-max", type=int, default=AdaptiveK.k_max,
-                    help=f"k=auto's longest draft (default {AdaptiveK.k_max})")
+    ap.add_argument(
+        "--one-class", action="store_true", help="every match in one draft class, not one class per matched length"
+    )
+    ap.add_argument(
+        "--prior-weight",
+        type=float,
+        default=AdaptiveK.prior_weight,
+        help="AdaptiveK's prior_weight: how many of a request's own drafts the engine-wide rates count as "
+        f"(default {AdaptiveK.prior_weight})",
+    )
+    ap.add_argument(
+        "--k-max", type=int, default=AdaptiveK.k_max, help=f"k=auto's longest draft (default {AdaptiveK.k_max})"
+    )
     args = ap.parse_args()
 
     if not args.by_class and not args.costs:
@@ -139,8 +158,9 @@ def main() -> int:
         print(f"{r['prompt_id']} | {len(r['token_ids'])} | " + " | ".join(cells))
     print("\ncategory | " + " | ".join(f"k={p}: median, worst" for p in policies))
     for category in speedups[policies[0]]:
-        cells = [f"{statistics.median(speedups[p][category]):.3f}x, {min(speedups[p][category]):.3f}x"
-                 for p in policies]
+        cells = [
+            f"{statistics.median(speedups[p][category]):.3f}x, {min(speedups[p][category]):.3f}x" for p in policies
+        ]
         print(f"{category} | " + " | ".join(cells))
     return 0
 

@@ -59,8 +59,10 @@ def main() -> int:
             print(f"repeat {repeat} {name}: target passes by width {widths}; target time {total:.2f} s", flush=True)
             if by_class:
                 classes = sorted(by_class.items(), key=lambda i: str(i[0]))
-                print("  drafts by class (drafts, tokens drafted, accepted): "
-                      + ", ".join(f"{c}: {d[0]}, {d[1]}, {d[2]}" for c, d in classes))
+                print(
+                    "  drafts by class (drafts, tokens drafted, accepted): "
+                    + ", ".join(f"{c}: {d[0]}, {d[1]}, {d[2]}" for c, d in classes)
+                )
     return 0
 
 

@@ -19,6 +19,7 @@ from spekula.models import cli as models_cli
 from spekula.options import (
     add_model_options,
     add_sampling_options,
+    add_suffix_options,
     backend_from_args,
     draft_backend_from_args,
     load_config_file,
@@ -27,18 +28,35 @@ from spekula.options import (
 )
 from spekula.server import cli as server_cli
 
-DEFAULT_PROMPT = (
-    "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number iteratively, "
-    "with a docstring and type hints, then a short test using assert."
-)
+# An edit whose answer re-emits most of the prompt, as coding assistants' answers do: where drafting
+# from the context (--draft suffix or ngram) pays even on a CPU (`make demo`)
+DEFAULT_PROMPT = """Add type hints to this function and fix its bug: it drops the last window. Reply with the whole \
+corrected function only.
+
+```python
+def moving_average(values, window):
+    \"\"\"Return the averages of every `window` consecutive values.\"\"\"
+    if window <= 0:
+        raise ValueError("window must be positive")
+    if len(values) < window:
+        return []
+    averages = []
+    total = sum(values[:window])
+    for i in range(window, len(values)):
+        averages.append(total / window)
+        total += values[i] - values[i - window]
+    return averages
+```
+"""
 
 
 def register_generate(sub: Any) -> dict[str, argparse.ArgumentParser]:
     p = sub.add_parser("generate", help="generate text with speculative decoding")
     p.add_argument(
-        "prompt", nargs="?", default=None, help="prompt text ('-' reads stdin; default: a built-in coding prompt)"
+        "prompt", nargs="?", default=None, help="prompt text ('-' reads stdin; default: a built-in code edit)"
     )
     add_model_options(p)
+    add_suffix_options(p)
     add_sampling_options(p)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -61,17 +79,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     backend = backend_from_args(args)
     if sampling.seed is not None and not sampling.greedy and spec.k is None and args.draft != "none":
-        _log("note: with --k auto the chosen k follows measured timings, so a seeded sampled run can differ between "
-             "runs (its distribution does not); pass --k N for exact repeats")
+        _log(
+            "note: with --k auto the chosen k follows measured timings, so a seeded sampled run can differ between "
+            "runs (its distribution does not); pass --k N for exact repeats"
+        )
     prompt = sys.stdin.read() if args.prompt == "-" else (args.prompt or DEFAULT_PROMPT)
     chat = args.chat or args.prompt is None  # the built-in prompt is an instruction
-    _log(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
+    _log(f"loading target {args.target} ({backend.runtime}) and draft {args.draft} ...")
     pipe = Pipeline.load(args.target, args.draft, spec, backend, draft_backend_from_args(args))
     prompt_ids = pipe.codec.encode(prompt, chat=chat)
     if pipe.engine.proposer is not None and not pipe.target.capabilities.block_invariant:
-        _log(f"note: the {args.backend} target computes a block of tokens with other kernels than one token, so greedy "
-             "speculative output can differ from its plain decoding where its top two logits nearly tie "
-             "(with --backend native in fp32 the kernels differ only in float rounding)")
+        _log(
+            f"note: the {backend.runtime} target computes a block of tokens with other kernels than one token, so "
+            "greedy speculative output can differ from its plain decoding where its top two logits nearly tie "
+            "(--exact makes them agree bit for bit at a cost; with --backend native in fp32 the kernels differ only "
+            "in float rounding)"
+        )
     if args.compare:
         pipe.warmup()
 
@@ -85,13 +108,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result = run.result()
     out: dict[str, Any] = result.to_dict()
     out["config"] = {
-        "target": args.target, "draft": args.draft, "k": "auto" if args.k is None else args.k, "dtype": args.dtype,
+        "target": args.target,
+        "draft": args.draft,
+        "k": "auto" if args.k is None else args.k,
+        "backend": backend.runtime,
+        "dtype": args.dtype,
         **_sampling_dict(sampling),
     }
     if args.compare:
         base = pipe.generate(prompt_ids, sampling, stop, plain=True)
         out["baseline"] = {
-            "text": base.text, "token_ids": base.token_ids, "tokens_per_s": base.stats.tokens_per_s,
+            "text": base.text,
+            "token_ids": base.token_ids,
+            "tokens_per_s": base.stats.tokens_per_s,
             "stats": base.stats.to_dict(),
         }
         out["identical"] = base.token_ids == result.token_ids
@@ -114,13 +143,18 @@ def _summary(out: dict[str, Any]) -> str:
         f"target passes {s['target_passes']}",
         "acceptance by draft position: "
         + (" ".join(f"{a:.2f}" for a in s["acceptance_by_position"]) or "n/a (nothing drafted)"),
-        "k chosen (k: steps): " + ", ".join(f"{k}: {n}" for k, n in s["k_chosen"].items())
-        + (f"; controller's predicted speedup {_fmt(s['predicted_speedup'])}x"
-           if s.get("predicted_speedup") is not None else ""),
+        "k chosen (k: steps): "
+        + ", ".join(f"{k}: {n}" for k, n in s["k_chosen"].items())
+        + (
+            f"; controller's predicted speedup {_fmt(s['predicted_speedup'])}x"
+            if s.get("predicted_speedup") is not None
+            else ""
+        ),
     ]
     if "baseline" in out:
         lines.append(
-            f"plain decoding: {_fmt(out['baseline']['tokens_per_s'])} tok/s -> speedup {_fmt(out['speedup'])}x, "
+            f"plain decoding ({out['config']['backend']}): {_fmt(out['baseline']['tokens_per_s'])} tok/s -> "
+            f"speedup {_fmt(out['speedup'])}x, "
             f"outputs {'identical' if out['identical'] else 'DIFFERENT'}"
         )
     return "\n".join(lines)

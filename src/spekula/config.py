@@ -34,7 +34,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
@@ -48,6 +52,42 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SuffixOptions:
+    """The suffix proposer's knobs a user may set (spekula.proposers.suffix.SuffixConfig holds these and
+    the rest). Its cross-request cache holds earlier requests' outputs for as long as the engine or
+    server runs, bounded by entries and by bytes (least recently used out first)."""
+
+    cache_entries: int = 256  # earlier requests kept for drafting (0: no cross-request cache)
+    cache_bytes: int = 64 << 20  # ... and the memory they may hold (an upper bound, counted per token)
+    max_depth: int = 32  # longest suffix of the context matched, in tokens
+    min_token_prob: float = 0.1  # stop drafting when the continuation's empirical probability falls below
+    spec_factor: float = 1.0  # a draft is at most spec_factor x the matched length
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_depth) or self.max_depth < 1:
+            raise ConfigError(f"suffix max_depth must be an integer >= 1, got {self.max_depth!r}")
+        for name in ("cache_entries", "cache_bytes"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ConfigError(f"suffix {name} must be an integer >= 0 (0: no cross-request cache), got {value!r}")
+        if not _is_number(self.spec_factor) or not self.spec_factor > 0:
+            raise ConfigError(
+                f"suffix spec_factor must be > 0 (a draft is at most spec_factor x the matched length), "
+                f"got {self.spec_factor!r}"
+            )
+        if not _is_number(self.min_token_prob) or not 0.0 <= self.min_token_prob <= 1.0:
+            raise ConfigError(f"suffix min_token_prob must be a probability in [0, 1], got {self.min_token_prob!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -65,6 +105,7 @@ class SpecConfig:
     # A draft model stops its draft at the first token it gives less than this probability (that
     # token is still verified); None = always draft k. transformers' assistant_confidence_threshold.
     draft_confidence: float | None = None
+    suffix: SuffixOptions = SuffixOptions()  # the suffix proposer's (used by --draft suffix only)
 
     def __post_init__(self) -> None:
         if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
@@ -76,12 +117,12 @@ class SpecConfig:
         if not isinstance(self.ngram_min, int) or self.ngram_min < 1:
             raise ConfigError(f"ngram_min must be an integer >= 1, got {self.ngram_min!r}")
         if not isinstance(self.ngram_max, int) or self.ngram_max < self.ngram_min:
-            raise ConfigError(
-                f"ngram_max must be an integer >= ngram_min ({self.ngram_min}), got {self.ngram_max!r}"
-            )
+            raise ConfigError(f"ngram_max must be an integer >= ngram_min ({self.ngram_min}), got {self.ngram_max!r}")
         c = self.draft_confidence
         if c is not None and (not isinstance(c, (int, float)) or isinstance(c, bool) or not 0.0 < c < 1.0):
             raise ConfigError(f"draft_confidence must be a probability strictly between 0 and 1 (e.g. 0.4), got {c!r}")
+        if not isinstance(self.suffix, SuffixOptions):
+            raise ConfigError(f"suffix must be a SuffixOptions, got {self.suffix!r}")
 
 
 @dataclass(frozen=True)
@@ -113,8 +154,13 @@ class BackendConfig:
     dtype: str = "float32"
     threads: int | None = None  # None = leave torch's default
     runtime: str = "transformers"  # a name in spekula.backends.BACKENDS: transformers | native | llamacpp
+    # llama.cpp: compute a block of tokens bit for bit as one token at a time (greedy speculative output
+    # == plain decoding), at the cost in docs/BENCHMARKS.md. The other runtimes are block-invariant anyway.
+    exact: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exact, bool):
+            raise ConfigError(f"exact must be true or false, got {self.exact!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):

@@ -9,6 +9,18 @@ Before each step the controller answers three questions (AdaptiveK.choose_k):
 3. probe?        otherwise decode plainly, and every few plain steps draft one token to see whether
                  the text has turned predictable, so a request gets speculation back.
 
+Each answer leaves a short reason (Controller.reason: "speculate: k=7 predicted 1.80x", "plain: best
+k=1 predicts 0.97x", "probe: ...", "no draft: no match", "... slow start cap 4") that the step record
+and `--trace` carry.
+
+Engine-wide acceptance is a prior, not a verdict. A class never seen starts from what its match length
+says (cost.base_acceptance: a long n-gram or suffix match is itself evidence of copying); learnt rates
+relax back towards that base (cost.HALF_LIFE); and a request's own drafts scale the odds of every
+class. A request with no evidence of its own probes at its first draft whose match length alone would
+pay, and a probe that is accepted is followed by another at the next such draft, so a request whose
+text is being copied gets speculation within a few steps whatever earlier requests taught; a probe
+that is rejected makes the next one wait twice as long, so where acceptance is low probes stay rare.
+
 Acceptance is learnt per *draft class* where the proposer can tell, before drafting, how promising
 its next draft is (Proposer.draft_class): n-gram lookup's drafts after a long match are accepted
 far more often than after a one-token match (docs/BENCHMARKS.md, acceptance by draft class;
@@ -25,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spekula.config import K_MAX
-from spekula.cost import POSITIONS, CostModel
+from spekula.cost import POSITIONS, CostModel, base_acceptance
 from spekula.proposers.base import NO_DRAFT
 
 
@@ -33,6 +45,7 @@ class Controller(ABC):
     """One per request: chooses k before each step and learns from the outcome."""
 
     predicted_speedup: float | None = None  # of the last choice, vs plain decoding
+    reason: str | None = None  # why the last choice was made, for the step record (e.g. "speculate: k=7 ...")
 
     @abstractmethod
     def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
@@ -42,8 +55,14 @@ class Controller(ABC):
         has none to offer, so k = 0)."""
 
     def observe(
-        self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None,
-        catch_up: int = 0, draft_class: str | None = None,
+        self,
+        k: int,
+        num_drafted: int,
+        num_accepted: int,
+        draft_s: float,
+        score_s: float | None,
+        catch_up: int = 0,
+        draft_class: str | None = None,
     ) -> None:
         """Outcome of one step: what was drafted and accepted, and what the draft and the verify pass
         cost (score_s None: the pass ran inside a batch, so its time is not this request's).
@@ -56,7 +75,14 @@ class FixedK(Controller):
     k: int
 
     def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
-        return 0 if draft_class == NO_DRAFT else self.k
+        if draft_class == NO_DRAFT:
+            self.reason = NO_DRAFT_REASON
+            return 0
+        self.reason = f"fixed: k={self.k}"
+        return self.k
+
+
+NO_DRAFT_REASON = "no draft: no match"
 
 
 @dataclass
@@ -84,19 +110,39 @@ class AdaptiveK(Controller):
     _probe_gap: int = field(default=0, init=False, repr=False)
     # Slow start: the longest draft this request may risk yet (None: not set).
     _k_cap: int | None = field(default=None, init=False, repr=False)
+    # Whether the step just chosen is a probe, and whether this request has probed yet.
+    _probing: bool = field(default=False, init=False, repr=False)
+    _probed: bool = field(default=False, init=False, repr=False)
 
     def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
+        self._probing = False
         if draft_class == NO_DRAFT:  # nothing to draft: not a decision, and not a plain step towards a probe
             self.predicted_speedup = 1.0
+            self.reason = NO_DRAFT_REASON
             return 0
         alpha = self.acceptance(draft_class)
         k, speedup = self._how_far(alpha)
         if self._should_speculate(alpha, k, remaining, catch_up):
             self.predicted_speedup = speedup
             self._restart_probe_clock()
+            self.reason = f"speculate: k={k} predicted {speedup:.2f}x"
+            if k == self.k_cap < self.costs.best_k(alpha, self.k_max)[0]:
+                self.reason += f", slow start cap {k}"
             return k
         self.predicted_speedup = 1.0
-        return 1 if self._probe_due(remaining, catch_up) else 0
+        if self._probe_due(remaining, catch_up, draft_class):
+            self._probing = self._probed = True
+            self.reason = f"probe: k=1, expected acceptance {alpha[0]:.2f}"
+            return 1
+        self.reason = self._plain_reason(alpha, k)
+        return 0
+
+    def _plain_reason(self, alpha: Sequence[float], k: int) -> str:
+        if k > 0:
+            return f"plain: k={k} would not win back a cold draft's catch-up"
+        c, cap = self.costs, self.k_cap
+        best, j = max((c.tokens_per_s(alpha, j), j) for j in range(1, cap + 1))
+        return f"plain: best k={j} predicts {best / c.tokens_per_s(alpha, 0):.2f}x"
 
     def _how_far(self, alpha: Sequence[float]) -> tuple[int, float]:
         """(k, predicted speedup) fastest at this acceptance, up to the slow-start cap (k 0: plain wins)."""
@@ -110,24 +156,34 @@ class AdaptiveK(Controller):
         """Speculation pays again: the next stretch of plain steps waits first_probe_gap before probing."""
         self._plain_steps, self._probe_gap = 0, self.first_probe_gap
 
-    def _probe_due(self, remaining: int | None, catch_up: int) -> bool:
+    def _probe_due(self, remaining: int | None, catch_up: int, draft_class: str | None = None) -> bool:
         """Count one more plain step; True when it should be a probe instead: one drafted token that
         tells whether acceptance came back. Each probe costs a wider pass and a draft step, so probes
-        that change nothing come ever less often (the gap doubles, up to max_probe_every)."""
+        that change nothing come ever less often (the gap doubles, up to max_probe_every); one that
+        was accepted is followed by another at once (observe). A draft whose match length alone says
+        it could not pay is not probed (the clock stays ripe for the next one). A request with no
+        evidence of its own probes at its first draft whose match length alone would pay: what other
+        requests taught is not a verdict on this one."""
         if self.costs.best_k(1.0, self.k_max)[1] < self.min_probe_gain:
             # Even perfect acceptance would (barely) not pay on this hardware: no probe can change
             # that, and a probe has costs the per-token model leaves out (the draft catching up).
             return False
         self._probe_gap = self._probe_gap or self.first_probe_gap
         self._plain_steps += 1
-        if self._plain_steps < self._probe_gap:
+        base = base_acceptance(draft_class)
+        if base is not None and self.costs.best_k(base, self.k_max)[0] == 0:
             return False
-        if remaining is not None and remaining < self._probe_gap:
+        fresh = base is not None and not self._probed and self._accepted + self._rejected == 0
+        gap = min(self._probe_gap, self.probe_every) if fresh else self._probe_gap
+        if self._plain_steps < (1 if fresh else gap):
+            return False
+        if remaining is not None and remaining < gap:
             return False  # too few tokens left to win back what a probe costs, even if acceptance came back
         if catch_up and not self._usual_acceptance_pays_back(remaining, catch_up):
             return False
         self._plain_steps = 0
-        self._probe_gap = min(2 * self._probe_gap, self.max_probe_every)
+        if not fresh:
+            self._probe_gap = min(max(2 * self._probe_gap, self.first_probe_gap), self.max_probe_every)
         return True
 
     def _usual_acceptance_pays_back(self, remaining: int | None, catch_up: int) -> bool:
@@ -195,11 +251,20 @@ class AdaptiveK(Controller):
         return self._k_cap
 
     def observe(
-        self, k: int, num_drafted: int, num_accepted: int, draft_s: float, score_s: float | None,
-        catch_up: int = 0, draft_class: str | None = None,
+        self,
+        k: int,
+        num_drafted: int,
+        num_accepted: int,
+        draft_s: float,
+        score_s: float | None,
+        catch_up: int = 0,
+        draft_class: str | None = None,
     ) -> None:
+        self.costs.tick()
         if score_s is not None:
             self.costs.observe_target(num_drafted + 1, score_s)
+        if self._probing and num_drafted and num_accepted == num_drafted:
+            self._probe_gap = 1  # the probe passed: probe again at the next draft that might pay
         if num_drafted:
             if catch_up <= 1:  # else draft_s is mostly the draft's prefill: not a price per drafted token
                 self.costs.observe_draft(num_drafted, draft_s)

@@ -16,6 +16,8 @@ acceptance, is spekula.control's business (one request) or the scheduler's (a ba
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,9 +27,47 @@ from spekula.config import K_MAX
 EMA = 0.2  # weight of a new timing observation
 CLASS_EMA = 0.1  # weight of a new acceptance observation in a draft class's engine-wide rates
 POSITIONS = 4  # acceptance is learnt for draft positions 1 .. POSITIONS; later ones share the last rate
+PRIOR_ALPHA = 0.6  # the engine-wide alpha before any evidence, and where it returns to without any
+# Engine-wide acceptance is a prior, not a verdict: every learnt rate relaxes back towards its base
+# (PRIOR_ALPHA, or a class's base_acceptance) with this half-life in engine steps, so what one unlucky
+# request taught does not switch a proposer off for the life of a process.
+HALF_LIFE = 512
 # calibrate times every verify width up to this one, where the cost curve bends from memory-bound to
-# compute-bound (docs/BENCHMARKS.md, pass costs), and every 4th past it
+# compute-bound (docs/BENCHMARKS.md, pass costs); past it every width where that costs little (see
+# calibrate), else the widths where a kernel that works in groups of rows changes slope: 4j and 4j + 1
+# (llama.cpp's repacked kernels: a pass of 16 rows is far cheaper than one of 17)
 DENSE_WIDTHS = 9
+ROW_GROUP = 4
+# The table no longer describes the machine when a one-token pass observed online differs from its
+# calibrated time by more than this fraction (calibration ran while the machine was busy, or it got
+# busy since): widths not observed since are scaled by the drift until they are re-measured.
+DRIFT = 0.3
+# Engine steps between two re-measurements at least, doubling after each: a drift that measuring again
+# does not remove (the context grew, and with it every pass) must not cost a calibration every few requests.
+RECALIBRATE_GAP = 256
+
+
+def match_length(draft_class: str | None) -> int | None:
+    """The matched length a model-free proposer's draft class names (n-gram lookup: "4-gram" -> 4; suffix
+    lookup: "suffix-8..15" -> 8, the bucket's shortest), or None for a class that names none."""
+    if draft_class is None:
+        return None
+    found = re.fullmatch(r"(\d+)-gram|suffix-(\d+)(?:\.\.\d+|\+)?", draft_class)
+    if found is None:
+        return None
+    return int(found.group(1) or found.group(2))
+
+
+def base_acceptance(draft_class: str | None) -> list[float] | None:
+    """What a draft after a match of m tokens is expected to get by position, before any evidence:
+    m / (m + 2) at the first position (Laplace's rule of succession after m matching tokens and one
+    miss), and at position i as if the match were i tokens longer, since an accepted token lengthens
+    it. A long match is itself evidence that text is being copied; a 1-token match is weak. None: the
+    class names no match length (a draft model), and the engine-wide alpha stands in."""
+    m = match_length(draft_class)
+    if m is None:
+        return None
+    return [(m + i) / (m + i + 2) for i in range(POSITIONS)]
 
 
 def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
@@ -53,27 +93,69 @@ class CostModel:
 
     target_s[n]: seconds for one target pass over n tokens (EMA of observations); widths never
     measured are interpolated linearly between measured ones (extrapolated with the last slope).
+    calibrated: target_s as calibrate left it. A width not observed online since is scaled by how far
+    the one-token pass observed online has drifted from its calibrated time (drift), and stale() says
+    when the table should be measured again.
     draft_s_per_token: seconds per drafted token (draft forward, or n-gram lookup ~ 0).
     alpha: running acceptance rate over all requests, the prior for a new request.
     acceptance: per draft class (Proposer.draft_class), the running chance that draft position i is
     accepted given every earlier one was, for i < POSITIONS: the prior for a class's drafts. It is
     not flat: once the first token of an n-gram draft after a short match is accepted, the match is
     one token longer, and later tokens are accepted more often (docs/BENCHMARKS.md, acceptance by
-    draft class; `scripts/experiments/ngram_replay.py --by-class` measures it).
+    draft class; `scripts/experiments/ngram_replay.py --by-class` measures it). A class never
+    observed starts from base_acceptance (its match length), and every rate, alpha included, relaxes
+    back towards its base with HALF_LIFE engine steps (tick).
     """
 
     target_s: dict[int, float] = field(default_factory=dict)
     draft_s_per_token: float = 0.0
     draft_prefill_s_per_token: float = 0.0  # a cold draft's catch-up on the context, per token
-    alpha: float = 0.6
+    alpha: float = PRIOR_ALPHA
     acceptance: dict[str | None, list[float | None]] = field(default_factory=dict)  # None: not reached yet
     frozen: bool = False  # ignore timing observations (given costs, e.g. from `spekula tune`, or tests)
+    calibrated: dict[int, float] = field(default_factory=dict)  # target_s as calibrate left it
+    steps: int = field(default=0, init=False)  # engine steps so far (tick): the clock priors relax by
+    _online: set[int] = field(default_factory=set, init=False, repr=False)  # widths observed since calibrate
+    _calibrated_at: int | None = field(default=None, init=False, repr=False)  # steps at the last calibrate
+    _recalibrations: int = field(default=0, init=False, repr=False)
 
     def observe_target(self, n: int, seconds: float) -> None:
         if self.frozen:
             return
         old = self.target_s.get(n)
+        if old is not None and n not in self._online and self.calibrated:
+            old *= self.drift  # the calibrated time, as the drift seen since has already scaled it
         self.target_s[n] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+        self._online.add(n)
+
+    @property
+    def drift(self) -> float:
+        """One-token pass time observed online / its calibrated time (1.0 until both exist)."""
+        if 1 not in self._online or not self.calibrated.get(1):
+            return 1.0
+        return self.target_s[1] / self.calibrated[1]
+
+    def stale(self) -> bool:
+        """Should the pass costs be measured again? When the one-token pass observed online drifted
+        from its calibrated time by more than DRIFT (either way), and RECALIBRATE_GAP engine steps have
+        passed since the last calibration (twice that after each re-measurement). Until then
+        target_cost scales the widths not observed since by the drift."""
+        if self.frozen or not self.calibrated or self._calibrated_at is None:
+            return False
+        if self.steps - self._calibrated_at < RECALIBRATE_GAP * 2**self._recalibrations:
+            return False
+        return abs(math.log(self.drift)) > math.log(1.0 + DRIFT)
+
+    def tick(self) -> None:
+        """One engine step has passed: every learnt acceptance rate relaxes towards its base (HALF_LIFE)."""
+        self.steps += 1
+        relax = 1.0 - 0.5 ** (1.0 / HALF_LIFE)
+        self.alpha += (PRIOR_ALPHA - self.alpha) * relax
+        for draft_class, rates in self.acceptance.items():
+            base = base_acceptance(draft_class) or [PRIOR_ALPHA] * POSITIONS
+            for i, rate in enumerate(rates):
+                if rate is not None:
+                    rates[i] = rate + (base[min(i, len(base) - 1)] - rate) * relax
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
         if self.frozen:
@@ -92,31 +174,44 @@ class CostModel:
         self.alpha = (1 - EMA) * self.alpha + EMA * num_accepted / (num_accepted + rejected)
 
     def prior_acceptance(self, draft_class: str | None = None) -> list[float]:
-        """What a draft of this class is expected to get, by position, before a request has evidence.
-        A position no draft of the class has reached yet is expected to do as the one before it."""
+        """What a draft of this class is expected to get, by position, before a request has evidence:
+        the class's learnt rates; where it has none, its base_acceptance (its match length), else, for
+        a class that names no match length, what the position before it gets (alpha at the first).
+        A class with a match length never expects less at a position than at the one before: each
+        accepted token lengthens the match (so a rate learnt at the first position carries to later
+        ones that short drafts never reach)."""
         rates, last = [], self.alpha
-        for rate in self.acceptance.get(draft_class, [None] * POSITIONS):
-            last = rate if rate is not None else last
+        base = base_acceptance(draft_class)
+        for i, rate in enumerate(self.acceptance.get(draft_class, [None] * POSITIONS)):
+            if base is None:
+                last = rate if rate is not None else last
+            else:
+                last = max(rate if rate is not None else base[i], last if i else 0.0)
             rates.append(last)
         return rates
+
+    def _cost(self, n: int) -> float:
+        """A measured width's seconds; one not observed since calibrate scaled by the drift."""
+        seconds = self.target_s[n]
+        return seconds if n in self._online or not self.calibrated else seconds * self.drift
 
     def target_cost(self, n: int) -> float:
         """Seconds for a target pass over n tokens: measured, or interpolated between measured widths."""
         if n in self.target_s:
-            return self.target_s[n]
+            return self._cost(n)
         known = sorted(self.target_s)
         if not known:
             raise ValueError("the cost model has no measurement yet; call calibrate() first")
         if len(known) == 1:
-            return self.target_s[known[0]]
+            return self._cost(known[0])
         lo = max([m for m in known if m < n], default=None)
         hi = min([m for m in known if m > n], default=None)
         if lo is None:
             lo, hi = known[0], known[1]
         elif hi is None:
             lo, hi = known[-2], known[-1]
-        slope = (self.target_s[hi] - self.target_s[lo]) / (hi - lo)
-        return max(self.target_s[lo] + slope * (n - lo), 1e-9)
+        slope = (self._cost(hi) - self._cost(lo)) / (hi - lo)
+        return max(self._cost(lo) + slope * (n - lo), 1e-9)
 
     def tokens_per_s(self, alpha: float | Sequence[float], k: int) -> float:
         """Expected tokens per second of one sequence drafting k tokens a step at this acceptance."""
@@ -158,35 +253,60 @@ class CostModel:
         return k, best / rate(0)
 
     def calibrate(
-        self, target, draft=None, k_max: int = K_MAX, context: int = 64, repeats: int = 2, max_rows: int = 0,
+        self,
+        target,
+        draft=None,
+        k_max: int = K_MAX,
+        context: int = 64,
+        repeats: int = 2,
+        max_rows: int = 0,
+        every_width_s: float = 1.0,
     ) -> None:
         """Time target passes of up to k_max + 1 tokens (and one draft token) on a warm cache: every
-        width up to DENSE_WIDTHS (where the cost curve bends: memory-bound, then compute-bound), `repeats`
-        times, and every 4th past it and k_max + 1 itself once; target_cost interpolates between them.
+        width up to DENSE_WIDTHS (where the cost curve bends: memory-bound, then compute-bound), the
+        fastest of `repeats`; past it once each, every width if the dense ones say that costs at most
+        every_width_s in all, else the widths where grouped-row kernels change slope (calibration_widths).
+        target_cost interpolates between them. Each width's time replaces what the table held: this
+        is also how a stale table (stale()) is measured again.
 
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
         then timed at powers of two up to it, once each, for best_batch_k.
         """
-        # online passes refine the widths timed once
-        widths = [(n, repeats if n <= DENSE_WIDTHS else 1) for n in calibration_widths(k_max)]
+        last = k_max + 1
         wide, n = [], 16
-        while n <= k_max + 1:
+        while n <= last:
             n *= 2
-        while max_rows > k_max + 1 and n < max_rows:
+        while max_rows > last and n < max_rows:
             wide.append(n)
             n *= 2
-        widths += [(n, 1) for n in wide + ([max_rows] if max_rows > k_max + 1 else [])]
+        wide += [max_rows] if max_rows > last else []
         prefix = list(range(100, 100 + context))
         seq = target.new_sequence()
         seq.forward(prefix, num_logits=1)
-        for n, times in widths:
-            block = [(100 + i) % target.vocab_size for i in range(n)]  # any ids: only the time counts
-            for _ in range(times):
-                start = time.perf_counter()
-                seq.forward(block, num_logits=n)
-                self.observe_target(n, time.perf_counter() - start)
-                seq.truncate(context)
+        timed: dict[int, float] = {}
+
+        def time_widths(widths: list[int], times: int) -> None:
+            for n in widths:
+                block = [(100 + i) % target.vocab_size for i in range(n)]  # any ids: only the time counts
+                for _ in range(times):
+                    start = time.perf_counter()
+                    seq.forward(block, num_logits=n)
+                    seconds = time.perf_counter() - start
+                    timed[n] = min(seconds, timed.get(n, seconds))
+                    seq.truncate(context)
+
+        time_widths([n for n in calibration_widths(k_max) if n <= DENSE_WIDTHS], repeats)
+        rest = range(DENSE_WIDTHS + 1, last + 1)
+        dense = CostModel(target_s=dict(timed))
+        every = sum(dense.target_cost(n) for n in rest) <= every_width_s
+        time_widths([n for n in calibration_widths(k_max, every) if n > DENSE_WIDTHS] + wide, 1)
         seq.release()
+        if not self.frozen:
+            self._recalibrations += 1 if self.calibrated else 0
+            self.target_s.update(timed)
+            self.calibrated = dict(self.target_s)
+            self._online.clear()
+            self._calibrated_at = self.steps
         if draft is not None:
             dseq = draft.new_sequence()
             start = time.perf_counter()
@@ -200,7 +320,10 @@ class CostModel:
             dseq.release()
 
 
-def calibration_widths(k_max: int) -> list[int]:
-    """The verify-pass widths calibrate times for drafts of up to k_max tokens."""
+def calibration_widths(k_max: int, every: bool = False) -> list[int]:
+    """The verify-pass widths calibrate times for drafts of up to k_max tokens: every one up to
+    DENSE_WIDTHS, then every one (every) or 4j and 4j + 1 (ROW_GROUP), and k_max + 1 itself."""
     last = k_max + 1
-    return sorted({*range(1, min(last, DENSE_WIDTHS) + 1), *range(DENSE_WIDTHS + 4, last, 4), last})
+    past = range(DENSE_WIDTHS + 1, last)
+    grouped = past if every else [n for n in past if n % ROW_GROUP in (0, 1)]
+    return sorted({*range(1, min(last, DENSE_WIDTHS) + 1), *grouped, last})

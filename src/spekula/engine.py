@@ -24,7 +24,7 @@ import torch
 
 from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import AdaptiveK, Controller, FixedK
+from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
 from spekula.cost import CostModel
 from spekula.limits import check_prompt
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
@@ -34,16 +34,20 @@ from spekula.verify import Verdict, verify_greedy, verify_sampled
 
 
 class Engine:
-    def __init__(self, target: Backend, proposer: ProposerFactory | None = None, spec: SpecConfig = SpecConfig()) -> None:
+    def __init__(
+        self, target: Backend, proposer: ProposerFactory | None = None, spec: SpecConfig = SpecConfig()
+    ) -> None:
         self.target = target
         self.proposer = proposer
         self.spec = spec
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
+        self._max_batch = 1  # the widest batch the last calibrate measured for
 
     def calibrate(self, max_batch: int = 1) -> None:
         """Measure target passes of up to k_max + 1 tokens (CostModel.calibrate says which widths) and a
         draft step on this machine (and, for a batching server, passes up to max_batch x (k_max + 1) rows)."""
         draft = self.proposer.draft_backend if self.proposer is not None else None
+        self._max_batch = max_batch
         rows = max_batch * (self.spec.k_max + 1) if max_batch > 1 else 0
         self.costs.calibrate(self.target, draft, k_max=self.spec.k_max, max_rows=rows)
 
@@ -51,8 +55,8 @@ class Engine:
         if self.proposer is None:
             return FixedK(0)
         if self.spec.k is None:
-            if not self.costs.target_s:
-                self.calibrate()
+            if not self.costs.target_s or self.costs.stale():  # stale: passes observed disagree with the table
+                self.calibrate(self._max_batch)
             return AdaptiveK(self.costs, k_max=self.spec.k_max)
         return FixedK(self.spec.k)
 
@@ -63,13 +67,16 @@ class Engine:
         stop: StopConfig = StopConfig(),
         recorder: Recorder | None = None,
         controller: Controller | None = None,
+        namespace: str = "",
     ) -> "Generation":
         """Start a request. Iterate the result to run it step by step (each item: the new token ids).
 
         controller: chooses k before each step; default: the engine's (from SpecConfig).
+        namespace: whose earlier requests the proposer may draft from (ProposerFactory.create).
         """
         check_prompt(prompt_ids, self.target.vocab_size, self.target.context_length)
-        return Generation(self, list(prompt_ids), sampling, stop, recorder, controller or self.new_controller())
+        controller = controller or self.new_controller()
+        return Generation(self, list(prompt_ids), sampling, stop, recorder, controller, namespace=namespace)
 
 
 class Generation:
@@ -77,10 +84,17 @@ class Generation:
     the result. Closing the iterator early (stop string, client gone) frees the caches at once."""
 
     def __init__(
-        self, engine: Engine, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig,
-        recorder: Recorder | None, controller: Controller,
+        self,
+        engine: Engine,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        stop: StopConfig,
+        recorder: Recorder | None,
+        controller: Controller,
+        namespace: str = "",
     ):
         self.engine = engine
+        self.namespace = namespace
         self.prompt_ids = prompt_ids
         self.sampling = sampling
         self.stop = stop
@@ -156,13 +170,26 @@ class Generation:
         draft_class = proposer.draft_class(committed) if proposer is not None else None
         if k is None:
             k = self.controller.choose_k(budget, catch_up, draft_class)
+            reason = self.controller.reason
         elif draft_class == NO_DRAFT:
-            k = 0  # a batch's k, but this request has nothing to draft
-        k = min(k, budget - 1)
+            k, reason = 0, NO_DRAFT_REASON  # a batch's k, but this request has nothing to draft
+        else:
+            reason = f"batch: k={k} for the round"
+        if k > budget - 1:
+            k, reason = budget - 1, f"{reason}; k={budget - 1}: {budget} tokens left"
         t0 = time.perf_counter()
         draft = self._draft(proposer, committed, k)
         return PlannedStep(
-            self.target_sequence, [committed[-1], *draft.tokens], k, draft, len(committed), t0, time.perf_counter(), catch_up, draft_class,
+            self.target_sequence,
+            [committed[-1], *draft.tokens],
+            k,
+            draft,
+            len(committed),
+            t0,
+            time.perf_counter(),
+            catch_up,
+            draft_class,
+            reason=reason,
         )
 
     def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
@@ -177,7 +204,15 @@ class Generation:
         emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
         t4 = time.perf_counter()
 
-        controller.observe(k, len(draft), verdict.num_accepted, draft_s, score_s if step.alone else None, step.catch_up, step.draft_class)
+        controller.observe(
+            k,
+            len(draft),
+            verdict.num_accepted,
+            draft_s,
+            score_s if step.alone else None,
+            step.catch_up,
+            step.draft_class,
+        )
         stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
         stats.draft_s += draft_s
         stats.score_s += score_s
@@ -188,7 +223,9 @@ class Generation:
         if self.recorder is not None:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
             self.recorder.step(
-                _step_record(self._step, step, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup)
+                _step_record(
+                    self._step, step, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup
+                )
             )
         self._step += 1
         return emitted
@@ -201,7 +238,7 @@ class Generation:
         self._start_time = time.perf_counter()
         # Kept on self so tests and tools can inspect the caches between steps.
         self.target_sequence = engine.target.new_sequence()
-        self.proposer = engine.proposer.create() if engine.proposer else None
+        self.proposer = engine.proposer.create(self.namespace) if engine.proposer else None
         return self._committed[:-1]
 
     def prefilled(self) -> None:
@@ -227,7 +264,9 @@ class Generation:
         if self.proposer is not None:
             self.proposer.close()
         if self.recorder is not None:
-            self.recorder.request({"prompt_tokens": len(self.prompt_ids), "token_ids": self.token_ids, **stats.to_dict()})
+            self.recorder.request(
+                {"prompt_tokens": len(self.prompt_ids), "token_ids": self.token_ids, **stats.to_dict()}
+            )
 
     # -- the stages -----------------------------------------------------------------------------
 
@@ -248,7 +287,9 @@ class Generation:
         p = probabilities(logits, self.sampling)  # [k' + 1, V]
         return verify_sampled(tokens, draft.probs, p, self.generator), p
 
-    def _advance(self, target, proposer: Proposer | None, committed: list[int], draft: Draft, verdict: Verdict) -> list[int]:
+    def _advance(
+        self, target, proposer: Proposer | None, committed: list[int], draft: Draft, verdict: Verdict
+    ) -> list[int]:
         """Commit, roll back to the committed state, apply stop conditions; returns what to emit."""
         emitted = verdict.emitted(draft.tokens)
         target.truncate(len(committed) + verdict.num_accepted)  # pending + accepted; the new token is pending
@@ -283,13 +324,16 @@ class PlannedStep:
     drafted_at: float
     catch_up: int = 0  # context tokens the proposer processed before drafting (a cold draft's prefill)
     draft_class: str | None = None  # what the proposer knew of the draft beforehand (Proposer.draft_class)
+    reason: str | None = None  # why k was chosen (Controller.reason, or the batch's k)
     alone: bool = True  # the pass runs for this sequence alone (False: inside a batch)
 
     def score(self) -> torch.Tensor:
         return self.sequence.forward(self.tokens, num_logits=len(self.tokens))
 
 
-def _step_record(index: int, step: PlannedStep, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted) -> StepRecord:
+def _step_record(
+    index: int, step: PlannedStep, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted
+) -> StepRecord:
     """Everything a reader needs to see why the step went as it did."""
     draft = step.draft
     drafted = [
@@ -315,6 +359,18 @@ def _step_record(index: int, step: PlannedStep, logits, p, verdict: Verdict, emi
         }
     kind = "plain" if not len(draft) else ("bonus" if verdict.bonus else "recovered")
     return StepRecord(
-        step=index, position=step.position, k=step.k, draft_class=step.draft_class, drafted=drafted, accepted=n, next_token=verdict.next_token,
-        next_kind=kind, next_p=float(p[n, verdict.next_token]), rejection=rejection, emitted=list(emitted), timings=timings, predicted_speedup=predicted,
+        step=index,
+        position=step.position,
+        k=step.k,
+        draft_class=step.draft_class,
+        drafted=drafted,
+        accepted=n,
+        next_token=verdict.next_token,
+        next_kind=kind,
+        next_p=float(p[n, verdict.next_token]),
+        rejection=rejection,
+        emitted=list(emitted),
+        timings=timings,
+        predicted_speedup=predicted,
+        reason=step.reason,
     )

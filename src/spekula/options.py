@@ -10,49 +10,132 @@ import argparse
 import json
 from typing import Any
 
-from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig
+from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, SuffixOptions
 from spekula.errors import ConfigError
+
+MIB = 1 << 20
+SUFFIX_FLAGS = ("cache_entries", "cache_mb", "max_depth", "min_token_prob", "spec_factor")  # --suffix-<name>
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Target, draft, speculation and runtime options shared by every command that runs models."""
-    from spekula.pipeline import DEFAULT_DRAFT, DEFAULT_RUNTIME, DEFAULT_TARGET
+    from spekula.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument(
-        "--target", default=DEFAULT_TARGET,
+        "--target",
+        default=DEFAULT_TARGET,
         help=f"target model: catalogue name, HF directory or .gguf (default {DEFAULT_TARGET})",
     )
     p.add_argument(
-        "--draft", default=DEFAULT_DRAFT,
+        "--draft",
+        default=DEFAULT_DRAFT,
         help=f"proposer: a draft model (name or path), 'ngram', 'suffix', or 'none' (default {DEFAULT_DRAFT})",
     )
     p.add_argument(
-        "--k", type=k_option, default=None,
+        "--k",
+        type=k_option,
+        default=None,
         help="tokens drafted per step: a number (0 = plain decoding) or 'auto' (default: the cost model chooses)",
     )
     p.add_argument("--k-max", type=int, default=K_MAX, help=f"--k auto's longest draft (default {K_MAX})")
     p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
     p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
     p.add_argument(
-        "--draft-confidence", type=float, default=None, metavar="P",
+        "--draft-confidence",
+        type=float,
+        default=None,
+        metavar="P",
         help="a draft model stops its draft at the first token it gives probability < P (like transformers' "
-             "assistant_confidence_threshold; default: off, the controller's k only)",
+        "assistant_confidence_threshold; default: off, the controller's k only)",
     )
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
     p.add_argument(
-        "--backend", default=DEFAULT_RUNTIME,
-        help=f"how the target runs: native | transformers | llamacpp (default {DEFAULT_RUNTIME})",
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="llama.cpp: score a block of tokens bit for bit as one token at a time, so greedy speculative output "
+        "equals plain decoding (without it, near-ties in the target's top two logits can flip). Costs throughput: "
+        "no repacked weights, flash attention, wide blocks scored in pieces; measured cost in docs/BENCHMARKS.md "
+        "(default: off; the other runtimes need no such flag)",
     )
     p.add_argument(
-        "--draft-backend", default=None,
+        "--backend",
+        default=None,
+        help="how the target runs: native | transformers | llamacpp (default: llamacpp for a GGUF target, such as "
+        "a built-in one, on a CPU when llama-cpp-python is installed, else native)",
+    )
+    p.add_argument(
+        "--draft-backend",
+        default=None,
         help="how the draft model runs (default: llamacpp for a built-in draft when the target runs in PyTorch, "
-             "else like --backend)",
+        "else like --backend)",
     )
     p.add_argument(
-        "--config", metavar="FILE", default=None,
+        "--config",
+        metavar="FILE",
+        default=None,
         help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win",
     )
+
+
+def add_suffix_options(p: argparse.ArgumentParser) -> None:
+    """The suffix proposer's knobs (--draft suffix; SuffixOptions); None: the proposer's default. For
+    generate and serve (bench and tune measure suffix with its defaults)."""
+    d = SuffixOptions()
+    g = p.add_argument_group("suffix proposer (--draft suffix)")
+    g.add_argument(
+        "--suffix-cache-entries",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"earlier requests whose outputs later requests may draft from (default {d.cache_entries}; "
+        "0: none). A server keeps them per API key",
+    )
+    g.add_argument(
+        "--suffix-cache-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help=f"memory those outputs may hold, in MiB (default {d.cache_bytes / MIB:g}); least recently used out first",
+    )
+    g.add_argument(
+        "--suffix-max-depth",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"longest suffix of the context matched, in tokens (default {d.max_depth})",
+    )
+    g.add_argument(
+        "--suffix-min-token-prob",
+        type=float,
+        default=None,
+        metavar="P",
+        help="stop a draft when its continuation's frequency among the matches (multiplied along the draft) falls "
+        f"below P (default {d.min_token_prob:g})",
+    )
+    g.add_argument(
+        "--suffix-spec-factor",
+        type=float,
+        default=None,
+        metavar="F",
+        help=f"a draft is at most F x the matched length (default {d.spec_factor:g})",
+    )
+
+
+def suffix_from_args(args: argparse.Namespace) -> SuffixOptions:
+    """--suffix-* as SuffixOptions (flags not given: the defaults)."""
+    given: dict[str, Any] = {}
+    for name in SUFFIX_FLAGS:
+        value = getattr(args, f"suffix_{name}", None)
+        if value is not None and name != "cache_mb":
+            given[name] = value
+    mb = getattr(args, "suffix_cache_mb", None)
+    if mb is not None:
+        if not isinstance(mb, (int, float)) or not 0 <= mb < float("inf"):
+            raise ConfigError(f"--suffix-cache-mb must be a number of MiB >= 0 (0: no cross-request cache), got {mb!r}")
+        given["cache_bytes"] = int(mb * MIB)
+    return SuffixOptions(**given)
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -64,20 +147,43 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
+    from spekula.proposers import SUFFIX
+
+    given = [f"--suffix-{n.replace('_', '-')}" for n in SUFFIX_FLAGS if getattr(args, f"suffix_{n}", None) is not None]
+    if given and args.draft != SUFFIX:
+        raise ConfigError(
+            f"{', '.join(given)}: options of --draft {SUFFIX}, but --draft is {args.draft!r}; drop them or choose "
+            f"--draft {SUFFIX}"
+        )
     return SpecConfig(
-        k=args.k, k_max=args.k_max, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+        k=args.k,
+        k_max=args.k_max,
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
         draft_confidence=args.draft_confidence,
+        suffix=suffix_from_args(args),
     )
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
     )
 
 
 def backend_from_args(args: argparse.Namespace) -> BackendConfig:
-    return BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.backend)
+    from spekula.pipeline import default_runtime
+
+    return BackendConfig(
+        dtype=args.dtype,
+        threads=args.threads,
+        runtime=args.backend or default_runtime(args.target, dtype=args.dtype),
+        exact=args.exact,
+    )
 
 
 def draft_backend_from_args(args: argparse.Namespace, draft: str | None = None) -> BackendConfig:

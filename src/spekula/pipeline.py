@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spekula.backends import load_backend
+from spekula.backends import LLAMACPP, NATIVE, load_backend
 from spekula.backends.base import Backend
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine, Generation
@@ -22,9 +22,6 @@ from spekula.trace import Recorder, RequestStats
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-# the default runtime: packed fp32 weights verify a block of tokens for little more than the cost of one;
-# transformers' fp32 pays for every row (docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`)
-DEFAULT_RUNTIME = "native"
 
 
 @dataclass
@@ -108,7 +105,14 @@ class TextGeneration:
 
 
 class Pipeline:
-    def __init__(self, target: Backend, codec: TextCodec, proposer: ProposerFactory | None, spec: SpecConfig, draft_name: str = "none") -> None:
+    def __init__(
+        self,
+        target: Backend,
+        codec: TextCodec,
+        proposer: ProposerFactory | None,
+        spec: SpecConfig,
+        draft_name: str = "none",
+    ) -> None:
         self.target = target
         self.codec = codec
         self.spec = spec
@@ -122,12 +126,14 @@ class Pipeline:
         target: str = DEFAULT_TARGET,
         draft: str | None = DEFAULT_DRAFT,
         spec: SpecConfig = SpecConfig(),
-        backend: BackendConfig = BackendConfig(),
+        backend: BackendConfig | None = None,
         draft_backend: BackendConfig | None = None,
     ) -> "Pipeline":
-        """draft_backend: how the draft runs (default: like the target). Mixed pairs are fine: the
-        guarantee rests on the target's probabilities only, so a quantised llama.cpp draft may serve
-        a bf16 PyTorch target as long as the vocabulary is the same."""
+        """backend: how the target runs (default: default_runtime's choice). draft_backend: how the draft
+        runs (default: like the target). Mixed pairs are fine: the guarantee rests on the target's
+        probabilities only, so a quantised llama.cpp draft may serve a bf16 PyTorch target as long as
+        the vocabulary is the same."""
+        backend = backend or BackendConfig(runtime=default_runtime(target))
         draft_backend = draft_backend or backend
         target_backend, codec = load_model(target, backend)
         loaded = {(target, backend): (target_backend, codec)}
@@ -156,35 +162,66 @@ class Pipeline:
         stop: StopConfig = StopConfig(),
         recorder: Recorder | None = None,
         plain: bool = False,
+        namespace: str = "",
     ) -> TextGeneration:
+        """namespace: whose earlier requests the proposer may draft from (the suffix proposer's cache):
+        requests of one namespace never draft another's text."""
         engine = self.plain_engine if plain else self.engine
-        return TextGeneration(engine.generate(prompt_ids, sampling, stop, recorder), self.codec, stop)
+        generation = engine.generate(prompt_ids, sampling, stop, recorder, namespace=namespace)
+        return TextGeneration(generation, self.codec, stop)
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(), stop: StopConfig = StopConfig(), **kw) -> Completion:
+    def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(), stop: StopConfig = StopConfig(), **kw
+    ) -> Completion:
         return self.start(prompt_ids, sampling, stop, **kw).result()
 
     def warmup(self) -> None:
         """One short request on each path, so one-off costs (allocator, thread pool) hit neither measurement."""
         ids = self.codec.encode("def f():")
         for plain in (False, True):
-            self.generate(ids, SamplingParams(), StopConfig(max_tokens=4, ignore_eos=True), plain=plain)
+            stop = StopConfig(max_tokens=4, ignore_eos=True)
+            self.generate(ids, SamplingParams(), stop, plain=plain, namespace="warmup")  # no request drafts from it
+
+
+def is_gguf(name_or_path: str | None) -> bool:
+    """A model that runs from a GGUF file: every catalogue entry, or a path ending in .gguf."""
+    from spekula.models import CATALOGUE
+
+    return name_or_path is not None and (name_or_path in CATALOGUE or str(name_or_path).lower().endswith(".gguf"))
+
+
+def has_llama_cpp() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def default_runtime(target: str, device: str | None = None, dtype: str = "float32") -> str:
+    """How the target runs when nobody says (an explicit --backend always wins): llama.cpp for a GGUF
+    target on a CPU when llama-cpp-python is installed, since it decodes a Q4 GGUF several times faster
+    than any fp32 PyTorch runtime on a CPU (docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`);
+    native on a GPU, for a Hugging Face directory, or without llama-cpp-python (packed fp32 weights verify
+    a block of tokens for little more than the cost of one; transformers' fp32 pays for every row).
+
+    device: "cpu" or "cuda" (default: "cuda" when torch sees a GPU); dtype: a --dtype other than float32
+    asks for PyTorch weights in that precision, so it runs native. The one place this decision lives."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and dtype == "float32" and is_gguf(target) and has_llama_cpp():
+        return LLAMACPP
+    return NATIVE
 
 
 def default_draft_runtime(draft: str | None, target_runtime: str) -> str:
     """How a draft model runs when nobody says: llama.cpp for a draft that has a GGUF, when the target
     runs in PyTorch and llama-cpp-python is installed (a Q4 draft step costs a fraction of the same
     model's step in fp32 PyTorch on a CPU: docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`);
-    otherwise like the target. The output does not depend on it: losslessness needs only the
-    target's probabilities."""
-    import importlib.util
-
-    from spekula.models import CATALOGUE
-    from spekula.proposers import needs_model
-
-    if target_runtime == "llamacpp" or not needs_model(draft) or importlib.util.find_spec("llama_cpp") is None:
-        return target_runtime
-    if draft in CATALOGUE or str(draft).lower().endswith(".gguf"):
-        return "llamacpp"
+    otherwise like the target (so a llama.cpp target, the default on a CPU, gets a llama.cpp draft).
+    The output does not depend on it: losslessness needs only the target's probabilities."""
+    if target_runtime != LLAMACPP and needs_model(draft) and is_gguf(draft) and has_llama_cpp():
+        return LLAMACPP
     return target_runtime
 
 
@@ -192,7 +229,9 @@ def draft_backend_config(draft: str | None, target: BackendConfig, runtime: str 
     """How the draft runs: `runtime` if given, else default_draft_runtime; llama.cpp runs its GGUF's
     own quantisation, so it gets dtype float32 (a placeholder), the others the target's dtype."""
     runtime = runtime or default_draft_runtime(draft, target.runtime)
-    return BackendConfig(dtype="float32" if runtime == "llamacpp" else target.dtype, threads=target.threads, runtime=runtime)
+    return BackendConfig(
+        dtype="float32" if runtime == LLAMACPP else target.dtype, threads=target.threads, runtime=runtime
+    )
 
 
 def load_model(name_or_path: str, config: BackendConfig) -> tuple[Backend, TextCodec]:
@@ -200,8 +239,21 @@ def load_model(name_or_path: str, config: BackendConfig) -> tuple[Backend, TextC
     from spekula.models import resolve
 
     resolved = resolve(name_or_path)
-    backend = load_backend(config.runtime, resolved.hf_dir, name=resolved.name, config=config, gguf_path=resolved.gguf_path)
+    backend = load_backend(
+        config.runtime, resolved.hf_dir, name=resolved.name, config=config, gguf_path=resolved.gguf_path
+    )
     return backend, TextCodec.load(resolved.hf_dir)
 
 
-__all__ = ["Pipeline", "Completion", "TextGeneration", "load_model", "default_draft_runtime", "draft_backend_config", "DEFAULT_TARGET", "DEFAULT_DRAFT", "DEFAULT_RUNTIME", "needs_model"]
+__all__ = [
+    "Pipeline",
+    "Completion",
+    "TextGeneration",
+    "load_model",
+    "default_runtime",
+    "default_draft_runtime",
+    "draft_backend_config",
+    "DEFAULT_TARGET",
+    "DEFAULT_DRAFT",
+    "needs_model",
+]

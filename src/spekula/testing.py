@@ -14,7 +14,15 @@ LogitsFn = Callable[[list[int]], torch.Tensor]  # prefix (ending with the curren
 class FunctionBackend(Backend):
     """A 'model' whose next-token logits are any function of the prefix."""
 
-    def __init__(self, logits_fn: LogitsFn, vocab_size: int, *, eos: int | None = None, context_length: int = 4096, name: str = "function") -> None:
+    def __init__(
+        self,
+        logits_fn: LogitsFn,
+        vocab_size: int,
+        *,
+        eos: int | None = None,
+        context_length: int = 4096,
+        name: str = "function",
+    ) -> None:
         self.logits_fn = logits_fn
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -46,7 +54,9 @@ class FunctionSequence(Sequence):
         pass
 
 
-def random_table_backend(vocab_size: int, seed: int, *, order: int = 1, eos: int | None = None, scale: float = 3.0, name: str = "table") -> FunctionBackend:
+def random_table_backend(
+    vocab_size: int, seed: int, *, order: int = 1, eos: int | None = None, scale: float = 3.0, name: str = "table"
+) -> FunctionBackend:
     """Logits from a random table indexed by the last `order` tokens (a random n-gram 'model')."""
     g = torch.Generator().manual_seed(seed)
     table = torch.randn(vocab_size**order, vocab_size, generator=g) * scale

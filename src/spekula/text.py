@@ -30,7 +30,9 @@ class TextCodec:
 
         return cls(AutoTokenizer.from_pretrained(str(path)))
 
-    def encode(self, prompt: str | None = None, messages: list[dict[str, str]] | None = None, chat: bool = False) -> list[int]:
+    def encode(
+        self, prompt: str | None = None, messages: list[dict[str, str]] | None = None, chat: bool = False
+    ) -> list[int]:
         """Token ids for a plain prompt, or for chat messages through the model's template."""
         if messages is None and prompt is None:
             raise ConfigError("give a prompt or chat messages")
@@ -39,7 +41,9 @@ class TextCodec:
         if messages is None:
             messages = [{"role": "user", "content": prompt}]
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ConfigError("this model has no chat template; send a plain prompt instead of chat messages (drop --chat)")
+            raise ConfigError(
+                "this model has no chat template; send a plain prompt instead of chat messages (drop --chat)"
+            )
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]

@@ -46,7 +46,9 @@ class RequestStats:
     predicted_speedup_sum: float = 0.0
     predicted_steps: int = 0
 
-    def record_step(self, k: int, num_drafted: int, num_accepted: int, num_emitted: int, predicted_speedup: float | None = None) -> None:
+    def record_step(
+        self, k: int, num_drafted: int, num_accepted: int, num_emitted: int, predicted_speedup: float | None = None
+    ) -> None:
         self.target_passes += 1
         if predicted_speedup is not None:
             self.predicted_speedup_sum += predicted_speedup
@@ -143,6 +145,7 @@ class StepRecord:
     emitted: list[int]
     timings: dict[str, float]  # seconds: draft, score, accept, advance
     predicted_speedup: float | None = None  # the controller's prediction for the chosen k
+    reason: str | None = None  # why k was chosen: "speculate: k=7 predicted 1.80x", "probe: ...", "no draft: no match"
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "step", **asdict(self)}

@@ -66,7 +66,9 @@ def verify_sampled(
     num_accepted = _accepted_prefix(u * q_x < p_x)
     if num_accepted == k:
         return Verdict(k, int(sample(target_probs[k], generator)), k)
-    return Verdict(num_accepted, int(sample(_residual(target_probs, draft_probs, draft_tokens, num_accepted), generator)), k)
+    return Verdict(
+        num_accepted, int(sample(_residual(target_probs, draft_probs, draft_tokens, num_accepted), generator)), k
+    )
 
 
 def _residual(

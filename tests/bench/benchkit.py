@@ -20,7 +20,9 @@ class ByteCodec:
     def encode(self, prompt=None, messages=None, chat=False):
         if messages is None:
             messages = [{"role": "user", "content": prompt}] if chat else None
-        text = prompt if messages is None else "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+        text = (
+            prompt if messages is None else "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+        )
         return [b if b < VOCAB else ord("?") for b in text.encode("utf-8")]
 
     def decode(self, ids):
@@ -80,6 +82,9 @@ def write_jsonl(path: Path, rows) -> Path:
 UNSEEN = [
     {"prompt": "def add(a, b):\n    return a + b\n\ndef add(a, b):", "category": "repeat"},
     {"prompt": "the cat sat on the mat. the cat sat on", "category": "repeat", "max_tokens": 12},
-    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}], "category": "chat"},
+    {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+        "category": "chat",
+    },
     {"messages": [{"role": "user", "content": "list three colours"}], "category": "chat", "id": "colours"},
 ]

@@ -30,7 +30,10 @@ FAULTS = {
 
 
 def make_app(
-    contender, codec, model: str = "fake-model", fault: Callable[[dict], str | None] = lambda body: None,
+    contender,
+    codec,
+    model: str = "fake-model",
+    fault: Callable[[dict], str | None] = lambda body: None,
 ) -> FastAPI:
     app = FastAPI()
     lock = threading.Lock()  # one request at a time through the in-memory engine
@@ -41,13 +44,23 @@ def make_app(
 
     def handle(body: dict, chat: bool):
         ids = codec.encode(messages=body["messages"]) if chat else codec.encode(body["prompt"])
-        sampling = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0), seed=body.get("seed"))
+        sampling = SamplingParams(
+            temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0), seed=body.get("seed")
+        )
         stop = StopConfig(max_tokens=body.get("max_tokens") or 16)
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(piece, finish=None):
-            choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece, "logprobs": None}
-            return {"id": "x", "object": kind, "created": 0, "model": model, "choices": [dict(choice, finish_reason=finish)]}
+            choice = (
+                {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece, "logprobs": None}
+            )
+            return {
+                "id": "x",
+                "object": kind,
+                "created": 0,
+                "model": model,
+                "choices": [dict(choice, finish_reason=finish)],
+            }
 
         broken = fault(body)
         assert broken is None or broken in FAULTS, broken
@@ -74,7 +87,8 @@ def make_app(
             if (body.get("stream_options") or {}).get("include_usage"):
                 n = 0 if broken == "empty" else len(done.token_ids)
                 usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-                yield f"data: {json.dumps({'id': 'x', 'object': kind, 'created': 0, 'model': model, 'choices': [], 'usage': usage})}\n\n"
+                last = {"id": "x", "object": kind, "created": 0, "model": model, "choices": [], "usage": usage}
+                yield f"data: {json.dumps(last)}\n\n"
             if broken != "no_done":
                 yield "data: [DONE]\n\n"
 

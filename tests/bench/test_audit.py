@@ -32,8 +32,18 @@ def accept_everything_sampled(draft_tokens, draft_probs, target_probs, generator
 def run_audit(workload):
     # draft: another table, so q differs from p and a lossy rule shows; n-gram lookup as the second proposer
     contenders = contenders_for(table(0), {"other": table(123)}, [SpecChoice("other", 3), SpecChoice("ngram", 3)])
-    return commands.audit(contenders, ByteCodec(), load_workload(workload), sampling=SAMPLING, max_tokens=16,
-                          samples=300, positions=2, dist_prompts=1, level=0.01, progress=False)
+    return commands.audit(
+        contenders,
+        ByteCodec(),
+        load_workload(workload),
+        sampling=SAMPLING,
+        max_tokens=16,
+        samples=300,
+        positions=2,
+        dist_prompts=1,
+        level=0.01,
+        progress=False,
+    )
 
 
 def test_real_engine_passes(unseen_workload):
@@ -69,9 +79,23 @@ def test_planted_sampling_bug_fails(unseen_workload, monkeypatch):
 def test_distribution_test_needs_sampling(unseen_workload):
     contenders = contenders_for(table(0), {}, [SpecChoice("ngram", 3)])
     with pytest.raises(Exception, match="needs sampling"):
-        commands.audit(contenders, ByteCodec(), load_workload(unseen_workload), sampling=SamplingParams(), max_tokens=8, progress=False)
-    greedy_only = commands.audit(contenders, ByteCodec(), load_workload(unseen_workload), sampling=SamplingParams(), max_tokens=8,
-                                 dist_prompts=0, progress=False)
+        commands.audit(
+            contenders,
+            ByteCodec(),
+            load_workload(unseen_workload),
+            sampling=SamplingParams(),
+            max_tokens=8,
+            progress=False,
+        )
+    greedy_only = commands.audit(
+        contenders,
+        ByteCodec(),
+        load_workload(unseen_workload),
+        sampling=SamplingParams(),
+        max_tokens=8,
+        dist_prompts=0,
+        progress=False,
+    )
     assert greedy_only.passed and not greedy_only.distribution
     assert commands.distribution_sampling(SamplingParams()).temperature == 1.0
     assert torch.get_num_threads() == 1

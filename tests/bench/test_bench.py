@@ -30,8 +30,15 @@ def bench_run(tmp_path_factory):
     contenders = contenders_for(target, drafts, CHOICES)
     items = load_workload(unseen_workload)
     result, summary, paths = commands.bench_inprocess(
-        contenders, ByteCodec(), items, target_name="table-0", models=[{"role": "target", "name": "table-0", "sha256": None}],
-        workload_name=str(unseen_workload), out_dir=tmp_path / "out", max_tokens=20, progress=False,
+        contenders,
+        ByteCodec(),
+        items,
+        target_name="table-0",
+        models=[{"role": "target", "name": "table-0", "sha256": None}],
+        workload_name=str(unseen_workload),
+        out_dir=tmp_path / "out",
+        max_tokens=20,
+        progress=False,
     )
     return target, items, result, summary, paths
 
@@ -45,7 +52,7 @@ def test_every_prompt_under_every_configuration_interleaved(bench_run):
     assert sorted(r["order"] for r in reqs) == list(range(len(reqs)))
     by_order = sorted(reqs, key=lambda r: r["order"])
     for i, item in enumerate(items):
-        block = by_order[i * len(names):(i + 1) * len(names)]
+        block = by_order[i * len(names) : (i + 1) * len(names)]
         assert {r["prompt_id"] for r in block} == {item.id}  # one prompt under every configuration, then the next
         assert sorted(r["config"] for r in block) == sorted(names)
     firsts = [by_order[i * len(names)]["config"] for i in range(len(items))]
@@ -63,8 +70,12 @@ def test_numbers_agree_with_each_other_and_the_engine(bench_run):
         # decode-only speedup: the same ratio with each request's prefill left out
         base = plain[r["prompt_id"]]["stats"]
         decode = r["stats"]["output_tokens"] / (r["latency_s"] - r["stats"]["prefill_s"])
-        assert 0 < r["stats"]["prefill_s"] < r["latency_s"] and r["stats"]["decode_tokens_per_s"] == pytest.approx(decode)
-        assert r["decode_speedup"] == pytest.approx(decode / (base["output_tokens"] / (base["total_s"] - base["prefill_s"])))
+        assert 0 < r["stats"]["prefill_s"] < r["latency_s"] and r["stats"]["decode_tokens_per_s"] == pytest.approx(
+            decode
+        )
+        assert r["decode_speedup"] == pytest.approx(
+            decode / (base["output_tokens"] / (base["total_s"] - base["prefill_s"]))
+        )
         assert r["identical"] is True and r["token_ids"] == plain[r["prompt_id"]]["token_ids"]  # greedy is lossless
         assert r["tpot_s"] == pytest.approx((r["latency_s"] - r["ttft_s"]) / (len(r["token_ids"]) - 1))
         assert r["stats"]["output_tokens"] == len(r["token_ids"])
@@ -82,7 +93,12 @@ def test_numbers_agree_with_each_other_and_the_engine(bench_run):
         accepted = sum(r["stats"]["accepted"] for r in mine)
         passes = sum(r["stats"]["target_passes"] for r in mine)
         tokens = sum(r["stats"]["output_tokens"] for r in mine)
-        assert (o["requests"], o["drafted"], o["accepted"], o["output_tokens"]) == (len(items), drafted, accepted, tokens)
+        assert (o["requests"], o["drafted"], o["accepted"], o["output_tokens"]) == (
+            len(items),
+            drafted,
+            accepted,
+            tokens,
+        )
         assert o["wasted_drafted"] == drafted - accepted
         assert o["alpha"] == (accepted / drafted if drafted else None)
         assert o["tau"] == pytest.approx(1 + accepted / passes)
@@ -128,7 +144,7 @@ def test_outputs_json_html_markdown_and_render(bench_run):
     assert f"decode {same['categories']['chat']['decode_speedup']['median']:.3f}x" in chat
     html = open(paths["report"]).read()
     assert html.count("data:image/png;base64,") == 4  # speedup per category, acceptance, tau, speedup vs k
-    assert "<script" not in html and "src=\"http" not in html  # self-contained
+    assert "<script" not in html and 'src="http' not in html  # self-contained
     render = saved["render"]
     kinds = {t["kind"] for t in render["tokens"]}
     assert kinds <= {"accepted", "recovered", "bonus", "plain"} and "accepted" in kinds
@@ -143,28 +159,59 @@ def test_sampled_run_uses_one_seed_per_prompt_for_every_configuration(tmp_path, 
     contenders = contenders_for(target, {"same": table(0)}, [SpecChoice("same", 2)])
     items = load_workload(unseen_workload)
     result, _, _ = commands.bench_inprocess(
-        contenders, ByteCodec(), items, target_name="t", models=[], workload_name="w", out_dir=tmp_path / "o",
-        sampling=SamplingParams(temperature=1.0, seed=5), max_tokens=8, progress=False, repeats=2,
+        contenders,
+        ByteCodec(),
+        items,
+        target_name="t",
+        models=[],
+        workload_name="w",
+        out_dir=tmp_path / "o",
+        sampling=SamplingParams(temperature=1.0, seed=5),
+        max_tokens=8,
+        progress=False,
+        repeats=2,
     )
     assert len(result["requests"]) == 2 * 2 * len(items)
     assert all(r["identical"] is None for r in result["requests"])  # identity is a greedy notion
     assert result["summary"]["same k=2"]["overall"]["compared_to_plain"] is None
     again, _, _ = commands.bench_inprocess(
-        contenders, ByteCodec(), items, target_name="t", models=[], workload_name="w", out_dir=tmp_path / "o2",
-        sampling=SamplingParams(temperature=1.0, seed=5), max_tokens=8, progress=False, repeats=2,
+        contenders,
+        ByteCodec(),
+        items,
+        target_name="t",
+        models=[],
+        workload_name="w",
+        out_dir=tmp_path / "o2",
+        sampling=SamplingParams(temperature=1.0, seed=5),
+        max_tokens=8,
+        progress=False,
+        repeats=2,
     )
     assert [r["token_ids"] for r in again["requests"]] == [r["token_ids"] for r in result["requests"]]
 
 
 def test_parse_spec():
-    assert parse_spec("draft=ngram,k=2/4/8", "d", 4) == [SpecChoice("ngram", 2), SpecChoice("ngram", 4), SpecChoice("ngram", 8)]
+    assert parse_spec("draft=ngram,k=2/4/8", "d", 4) == [
+        SpecChoice("ngram", 2),
+        SpecChoice("ngram", 4),
+        SpecChoice("ngram", 8),
+    ]
     assert parse_spec("k=3", "qwen2.5-coder-0.5b", None) == [SpecChoice("qwen2.5-coder-0.5b", 3)]
     assert parse_spec("", "qwen", None) == [SpecChoice("qwen", None)]
     assert parse_spec("k=auto", "qwen", 4)[0].name == "qwen k=auto"
     assert parse_spec("draft=ngram,k=5,ngram_max=3,name=lookup", "d", 4) == [SpecChoice("ngram", 5, 3, 1, "lookup")]
     assert [c.name for c in parse_spec("draft=ngram,k=2/3,name=x", "d", 4)] == ["x k=2", "x k=3"]
     assert SpecChoice("/models/my-draft/", 4).name == "my-draft k=4"
-    for bad in ("draft", "colour=red", "k=two", "k=1,k=2", "k=-1", "draft=ngram,ngram_max=x", "confidence=high", "confidence=1.5"):
+    for bad in (
+        "draft",
+        "colour=red",
+        "k=two",
+        "k=1,k=2",
+        "k=-1",
+        "draft=ngram,ngram_max=x",
+        "confidence=high",
+        "confidence=1.5",
+    ):
         with pytest.raises(ConfigError):
             parse_spec(bad, "d", 4)
     # a draft model's confidence threshold: from the spec, else from --draft-confidence; never for n-gram lookup
@@ -198,8 +245,15 @@ def test_named_plain_configuration_runs_as_an_a_a_control(tmp_path):
     assert [c.plain for c in contenders] == [True, True, False]
     items = load_workload(write_jsonl(tmp_path / "w.jsonl", UNSEEN[:2]))
     result, markdown, _ = commands.bench_inprocess(
-        contenders, ByteCodec(), items, target_name="table-0", models=[], workload_name="w", out_dir=tmp_path / "out",
-        max_tokens=8, progress=False,
+        contenders,
+        ByteCodec(),
+        items,
+        target_name="table-0",
+        models=[],
+        workload_name="w",
+        out_dir=tmp_path / "out",
+        max_tokens=8,
+        progress=False,
     )
     again = [r for r in result["requests"] if r["config"] == "plain-again"]
     assert len(again) == len(items)
@@ -211,7 +265,10 @@ def test_named_plain_configuration_runs_as_an_a_a_control(tmp_path):
 
 
 def test_merge_stats_sums_what_adds_up():
-    a, b = RequestStats(prompt_tokens=3, ttft_s=0.1, total_s=1.0), RequestStats(prompt_tokens=4, ttft_s=0.2, total_s=3.0)
+    a, b = (
+        RequestStats(prompt_tokens=3, ttft_s=0.1, total_s=1.0),
+        RequestStats(prompt_tokens=4, ttft_s=0.2, total_s=3.0),
+    )
     a.record_step(4, 4, 4, 5)
     b.record_step(4, 2, 1, 2)
     b.record_step(4, 0, 0, 1)

@@ -29,9 +29,18 @@ def tiny_llama(tmp_path_factory):
         if (source / name).exists():
             shutil.copy(source / name, folder / name)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         initializer_range=0.2, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
 
@@ -46,9 +55,29 @@ def test_bench_cli(tiny_llama, tmp_path, capsys):
     docs.write_text(
         "# Benchmarks\n\nintro\n\n<!-- spekula bench: begin -->\nold\n<!-- spekula bench: end -->\n\nafter\n"
     )
-    rc = main(["bench", "--target", tiny_llama, "--spec", f"draft={tiny_llama},k=2/3", "--spec", "draft=ngram,k=3",
-               "--categories", "code-editing,open-chat", "--per-category", "1", "--max-tokens", "6", "--ignore-eos",
-               "--out", str(tmp_path / "out"), "--markdown-into", str(docs), "--no-progress"])
+    rc = main(
+        [
+            "bench",
+            "--target",
+            tiny_llama,
+            "--spec",
+            f"draft={tiny_llama},k=2/3",
+            "--spec",
+            "draft=ngram,k=3",
+            "--categories",
+            "code-editing,open-chat",
+            "--per-category",
+            "1",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--out",
+            str(tmp_path / "out"),
+            "--markdown-into",
+            str(docs),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     line, text = last_json(capsys)
     name = tiny_llama.rsplit("/", 1)[-1]
@@ -68,8 +97,26 @@ def test_bench_cli(tiny_llama, tmp_path, capsys):
 
 def test_tune_writes_a_config_generate_accepts(tiny_llama, tmp_path, capsys):
     config = tmp_path / "tuned.json"
-    rc = main(["tune", "--target", tiny_llama, "--drafts", f"{tiny_llama},ngram", "--ks", "2", "--sample", "2",
-               "--max-tokens", "6", "--out", str(tmp_path / "out"), "--write-config", str(config), "--no-progress"])
+    rc = main(
+        [
+            "tune",
+            "--target",
+            tiny_llama,
+            "--drafts",
+            f"{tiny_llama},ngram",
+            "--ks",
+            "2",
+            "--sample",
+            "2",
+            "--max-tokens",
+            "6",
+            "--out",
+            str(tmp_path / "out"),
+            "--write-config",
+            str(config),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     line, text = last_json(capsys)
     assert line["kind"] == "spekula-tune" and "recommended:" in text
@@ -82,10 +129,38 @@ def test_tune_writes_a_config_generate_accepts(tiny_llama, tmp_path, capsys):
 
 
 def test_audit_cli(tiny_llama, tmp_path, capsys):
-    rc = main(["audit", "--target", tiny_llama, "--spec", f"draft={tiny_llama},k=2", "--spec", "draft=ngram,k=2",
-               "--categories", "open-chat", "--per-category", "2", "--max-tokens", "6", "--samples", "60",
-               "--positions", "2", "--dist-prompts", "1", "--temperature", "1", "--top-k", "5", "--seed", "1",
-               "--out", str(tmp_path), "--no-progress"])
+    rc = main(
+        [
+            "audit",
+            "--target",
+            tiny_llama,
+            "--spec",
+            f"draft={tiny_llama},k=2",
+            "--spec",
+            "draft=ngram,k=2",
+            "--categories",
+            "open-chat",
+            "--per-category",
+            "2",
+            "--max-tokens",
+            "6",
+            "--samples",
+            "60",
+            "--positions",
+            "2",
+            "--dist-prompts",
+            "1",
+            "--temperature",
+            "1",
+            "--top-k",
+            "5",
+            "--seed",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     line, text = last_json(capsys)
     assert rc == 0 and line["passed"] is True, text
     saved = json.loads(open(line["results"]).read())

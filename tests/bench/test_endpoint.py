@@ -45,8 +45,26 @@ def last_json(capsys):
 
 
 def test_bench_two_endpoints_side_by_side(servers, unseen_workload, tmp_path, capsys):
-    rc = main(["bench", "--endpoint", servers["spec"], "--baseline-endpoint", servers["plain"], "--workload", str(unseen_workload),
-               "--concurrency", "2", "--requests", "6", "--max-tokens", "10", "--out", str(tmp_path / "out"), "--no-progress"])
+    rc = main(
+        [
+            "bench",
+            "--endpoint",
+            servers["spec"],
+            "--baseline-endpoint",
+            servers["plain"],
+            "--workload",
+            str(unseen_workload),
+            "--concurrency",
+            "2",
+            "--requests",
+            "6",
+            "--max-tokens",
+            "10",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     line, text = last_json(capsys)
     assert line["kind"] == "spekula-bench" and line["mode"] == "endpoint" and line["baseline"] == "baseline"
@@ -65,32 +83,51 @@ def test_bench_two_endpoints_side_by_side(servers, unseen_workload, tmp_path, ca
         assert r["decode_speedup"] is None  # an endpoint's prefill is not timed apart: no decode-only ratio is invented
     over = result["summary"]["endpoint"]["overall"]
     assert over["decode_speedup"]["n"] == 0 and over["steps_by_k"] == {}
-    assert over["throughput_tokens_per_s"] > 0 and over["output_tokens"] == sum(r["stats"]["output_tokens"] for r in reqs if r["config"] == "endpoint")
-    assert result["manifest"]["models"][0]["name"] == "fake-model" and result["manifest"]["config"]["load"]["concurrency"] == 2
+    assert over["throughput_tokens_per_s"] > 0 and over["output_tokens"] == sum(
+        r["stats"]["output_tokens"] for r in reqs if r["config"] == "endpoint"
+    )
+    assert (
+        result["manifest"]["models"][0]["name"] == "fake-model"
+        and result["manifest"]["config"]["load"]["concurrency"] == 2
+    )
     assert "data:image/png;base64," in open(line["report"]).read()
 
 
 def test_time_limit_and_failures_are_bounded(servers, unseen_workload):
     items = load_workload(unseen_workload)
-    results, wall, model = run_endpoint(Endpoint("e", servers["plain"]), items, SamplingParams(), Load(requests=50, time_limit_s=1e-6),
-                                        max_tokens=4, progress=False)
+    results, wall, model = run_endpoint(
+        Endpoint("e", servers["plain"]),
+        items,
+        SamplingParams(),
+        Load(requests=50, time_limit_s=1e-6),
+        max_tokens=4,
+        progress=False,
+    )
     assert model == "fake-model" and len(results) < 50  # nothing starts after the time limit
     dead = Endpoint("dead", "http://127.0.0.1:9", model="m")  # nothing listens on the discard port
-    results, _, _ = run_endpoint(dead, items, SamplingParams(), Load(requests=2, request_timeout_s=5), max_tokens=4, progress=False)
+    results, _, _ = run_endpoint(
+        dead, items, SamplingParams(), Load(requests=2, request_timeout_s=5), max_tokens=4, progress=False
+    )
     assert len(results) == 2 and all(r.error for r in results)
     with pytest.raises(ConfigError, match="pass --model"):
-        run_endpoint(Endpoint("dead", "http://127.0.0.1:9"), items, SamplingParams(), Load(request_timeout_s=5), progress=False)
+        run_endpoint(
+            Endpoint("dead", "http://127.0.0.1:9"), items, SamplingParams(), Load(request_timeout_s=5), progress=False
+        )
     assert normalise_url("http://h:1/") == "http://h:1/v1" and normalise_url("http://h:1/v1") == "http://h:1/v1"
 
 
 def test_audit_endpoints(servers, unseen_workload, tmp_path, capsys):
     args = ["audit", "--workload", str(unseen_workload), "--max-tokens", "10", "--no-progress"]
-    rc = main(args + ["--endpoint", servers["spec"], "--baseline-endpoint", servers["plain"], "--out", str(tmp_path / "a")])
+    rc = main(
+        args + ["--endpoint", servers["spec"], "--baseline-endpoint", servers["plain"], "--out", str(tmp_path / "a")]
+    )
     line, text = last_json(capsys)
     assert rc == 0 and line["passed"] is True and "4/4 outputs identical" in text
     saved = json.loads(open(line["results"]).read())
     assert saved["passed"] and saved["manifest"]["models"][0]["url"] == servers["spec"]
-    rc = main(args + ["--endpoint", servers["other"], "--baseline-endpoint", servers["plain"], "--out", str(tmp_path / "b")])
+    rc = main(
+        args + ["--endpoint", servers["other"], "--baseline-endpoint", servers["plain"], "--out", str(tmp_path / "b")]
+    )
     line, text = last_json(capsys)
     assert rc == 1 and line["passed"] is False and "DIFFERENT" in text and "audit: FAIL" in text
 
@@ -116,8 +153,14 @@ WHY = {
 def test_a_stream_that_is_not_whole_is_an_error(fault, unseen_workload):
     items = load_workload(unseen_workload)
     with broken_server(fault) as s:
-        results, _, _ = run_endpoint(Endpoint("e", s.url), items, SamplingParams(), Load(requests=4, concurrency=2),
-                                     max_tokens=10, progress=False)
+        results, _, _ = run_endpoint(
+            Endpoint("e", s.url),
+            items,
+            SamplingParams(),
+            Load(requests=4, concurrency=2),
+            max_tokens=10,
+            progress=False,
+        )
     assert len(results) == 4
     for r in results:
         assert not r.ok and "IncompleteResponse" in r.error and WHY[fault] in r.error, r.error
@@ -127,14 +170,32 @@ def test_a_stream_that_is_not_whole_is_an_error(fault, unseen_workload):
 
 
 def test_bench_counts_a_broken_baseline_as_errors_and_leaves_its_prompts_out_of_every_column(
-    servers, unseen_workload, tmp_path, capsys,
+    servers,
+    unseen_workload,
+    tmp_path,
+    capsys,
 ):
     """The baseline truncates one prompt's stream: that is an error on its side, the measured side's run of the
     same prompt is excluded, and every column of both rows covers the same three prompts."""
     with broken_server("truncate", when="the cat sat") as broken:
-        rc = main(["bench", "--endpoint", servers["spec"], "--baseline-endpoint", broken.url,
-                   "--workload", str(unseen_workload), "--concurrency", "2", "--max-tokens", "10",
-                   "--out", str(tmp_path / "out"), "--no-progress"])
+        rc = main(
+            [
+                "bench",
+                "--endpoint",
+                servers["spec"],
+                "--baseline-endpoint",
+                broken.url,
+                "--workload",
+                str(unseen_workload),
+                "--concurrency",
+                "2",
+                "--max-tokens",
+                "10",
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
     assert rc == 0
     line, text = last_json(capsys)
     base, mine = line["configs"]["baseline"], line["configs"]["endpoint"]
@@ -158,8 +219,16 @@ def test_bench_counts_a_broken_baseline_as_errors_and_leaves_its_prompts_out_of_
 
 
 def test_audit_with_a_broken_side_is_incomplete_never_a_pass(servers, unseen_workload, tmp_path, capsys):
-    args = ["audit", "--workload", str(unseen_workload), "--max-tokens", "10", "--no-progress",
-            "--endpoint", servers["spec"]]
+    args = [
+        "audit",
+        "--workload",
+        str(unseen_workload),
+        "--max-tokens",
+        "10",
+        "--no-progress",
+        "--endpoint",
+        servers["spec"],
+    ]
     with broken_server("no_done", when="colours") as broken:
         rc = main(args + ["--baseline-endpoint", broken.url, "--out", str(tmp_path / "a")])
     line, text = last_json(capsys)
@@ -197,5 +266,5 @@ def test_server_sent_events_are_read_as_the_spec_says():
 
         return [e async for e in _sse_events(lines())]
 
-    raw = ": a comment\nevent: error\ndata: {\"message\": \"x\"}\n\ndata: a\ndata:b\nid: 3\n\ndata: [DONE]"
+    raw = ': a comment\nevent: error\ndata: {"message": "x"}\n\ndata: a\ndata:b\nid: 3\n\ndata: [DONE]'
     assert asyncio.run(events(raw)) == [("error", '{"message": "x"}'), (None, "a\nb"), (None, "[DONE]")]

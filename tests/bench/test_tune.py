@@ -26,8 +26,18 @@ WORK = 12
 def run_tune(tmp_path, workload, drafts, choices):
     contenders = contenders_for(table(0, work=WORK), drafts, choices)
     return commands.tune(
-        contenders, choices, ByteCodec(), load_workload(workload), target_name="table-0", dtype="float32", models=[],
-        workload_name="w", out_dir=tmp_path / "out", config_path=tmp_path / "tuned.json", max_tokens=16, progress=False,
+        contenders,
+        choices,
+        ByteCodec(),
+        load_workload(workload),
+        target_name="table-0",
+        dtype="float32",
+        models=[],
+        workload_name="w",
+        out_dir=tmp_path / "out",
+        config_path=tmp_path / "tuned.json",
+        max_tokens=16,
+        progress=False,
     )
 
 
@@ -48,7 +58,9 @@ def test_recommends_speculation_when_it_wins(tmp_path, unseen_workload):
     assert outcome["recommended"] in ("same k=2", "same k=4")
     best = next(r for r in outcome["table"] if r["name"] == outcome["recommended"])
     assert best["throughput_ratio"] > 1.5 and best["alpha"] == 1.0
-    assert outcome["table"][0]["name"] == "plain" and outcome["table"][1]["name"] == outcome["recommended"]  # fastest first
+    assert (
+        outcome["table"][0]["name"] == "plain" and outcome["table"][1]["name"] == outcome["recommended"]
+    )  # fastest first
     config = json.loads((tmp_path / "tuned.json").read_text())
     assert tuple(config) == CONFIG_KEYS
     assert config["draft"] == "same" and config["k"] == best["k"] and config["target"] == "table-0"

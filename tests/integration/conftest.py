@@ -36,7 +36,12 @@ def random_smollm2_draft(smollm2):
     target, _ = smollm2
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=target.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=target.context_length,
+        vocab_size=target.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=target.context_length,
     )
     return TransformersBackend(LlamaForCausalLM(config), name="random-llama")

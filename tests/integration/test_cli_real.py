@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 
 from spekula.cli import main
 
-SMALL = ["--target", "smollm2-135m", "--max-tokens", "16", "--dtype", "float32"]
+# the native runtime in fp32: greedy speculative output equals plain decoding token for token
+SMALL = ["--target", "smollm2-135m", "--max-tokens", "16", "--dtype", "float32", "--backend", "native"]
 
 
 def last_json(capsys):
@@ -20,7 +22,10 @@ def test_json_compare_is_identical_in_greedy_fp32(capsys, draft, runtime):
     """The target drafting for itself in the same runtime (alpha = 1); the default draft runtime
     (llama.cpp's Q4 of the same model: lower alpha, same output); n-gram lookup."""
     extra = ["--draft-backend", runtime] if runtime else []
-    assert main(["generate", "def fibonacci(n):", *SMALL, "--draft", draft, *extra, "--k", "4", "--json", "--compare"]) == 0
+    assert (
+        main(["generate", "def fibonacci(n):", *SMALL, "--draft", draft, *extra, "--k", "4", "--json", "--compare"])
+        == 0
+    )
     out = last_json(capsys)
     assert out["identical"] is True
     assert out["token_ids"] == out["baseline"]["token_ids"] and len(out["token_ids"]) == 16
@@ -39,7 +44,12 @@ def test_auto_k_is_the_default_and_reports_its_choice(capsys):
 
 def test_trace_file_has_a_record_per_step(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
-    assert main(["generate", "import os\n", *SMALL, "--draft", "smollm2-135m", "--k", "3", "--trace", str(trace), "--json"]) == 0
+    assert (
+        main(
+            ["generate", "import os\n", *SMALL, "--draft", "smollm2-135m", "--k", "3", "--trace", str(trace), "--json"]
+        )
+        == 0
+    )
     out = last_json(capsys)
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     steps = [r for r in records if r["type"] == "step"]
@@ -80,5 +90,33 @@ def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
 
 
 def test_a_llama_cpp_target_says_its_blocks_are_not_bit_exact(capsys):
-    assert main(["generate", "def f():", "--target", "smollm2-135m", "--backend", "llamacpp", "--draft", "ngram", "--k", "2", "--max-tokens", "4"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "def f():",
+                "--target",
+                "smollm2-135m",
+                "--backend",
+                "llamacpp",
+                "--draft",
+                "ngram",
+                "--k",
+                "2",
+                "--max-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert "nearly tie" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is installed by make setup")
+def test_a_builtin_target_runs_on_llama_cpp_by_default_on_a_cpu(capsys):
+    assert (
+        main(["generate", "def f():", "--target", "smollm2-135m", "--draft", "none", "--max-tokens", "4", "--json"])
+        == 0
+    )
+    out = last_json(capsys)
+    assert out["config"]["backend"] == "llamacpp" and len(out["token_ids"]) == 4

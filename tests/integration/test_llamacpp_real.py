@@ -73,7 +73,11 @@ def test_qwen_pair_on_llamacpp():
     draft, _ = load_model("qwen2.5-coder-0.5b", LLAMA)
     ids = codec.encode(PROMPTS[0])
     plain = greedy(Engine(target), ids, 32)
-    spec = Engine(target, DraftModelFactory(draft), SpecConfig(k=4)).generate(ids, SamplingParams(), StopConfig(max_tokens=32, ignore_eos=True)).run()
+    spec = (
+        Engine(target, DraftModelFactory(draft), SpecConfig(k=4))
+        .generate(ids, SamplingParams(), StopConfig(max_tokens=32, ignore_eos=True))
+        .run()
+    )
     assert spec.token_ids == plain
     assert spec.stats.alpha > 0.3
 
@@ -83,3 +87,53 @@ def test_llamacpp_refuses_a_dtype_it_cannot_honour():
 
     with pytest.raises(ConfigError, match="quantised types"):
         load_model("smollm2-135m", BackendConfig(runtime="llamacpp", dtype="bfloat16"))
+
+
+EXACT = BackendConfig(runtime="llamacpp", threads=2, exact=True)
+COPY_PROMPT = (  # the answer re-emits the prompt's lines, so n-gram and suffix drafts get accepted
+    "Copy this list exactly:\n"
+    + "".join(f"item {i}: the {c} box holds {i * 3} apples\n" for i, c in enumerate(["red", "blue", "green", "black"]))
+    + "\nitem 0: the red"
+)
+
+
+@pytest.fixture(scope="module")
+def smol_exact():
+    return load_model("smollm2-135m", EXACT)
+
+
+def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens():
+    """The 0.5B Q4_K_M GGUF exercises both causes: repacked 4-row weight kernels and batched attention."""
+    target, codec = load_model("qwen2.5-coder-0.5b", EXACT)
+    assert target.capabilities.block_invariant
+    ids = codec.encode(COPY_PROMPT)
+    single = target.new_sequence()
+    generated, rows = [int(single.forward(ids, num_logits=1)[-1].argmax())], []
+    for _ in range(20):
+        rows.append(single.forward(generated[-1:])[-1])
+        generated.append(int(rows[-1].argmax()))
+    single.release()
+    one_by_one = torch.stack(rows)
+    for width in (2, 4, 9, 17):  # then one token on the KV cache the block wrote
+        seq = target.new_sequence()
+        seq.forward(ids, num_logits=1)
+        block = seq.forward(generated[:width], num_logits=width)
+        after = seq.forward(generated[width : width + 1])
+        seq.release()
+        assert torch.equal(block, one_by_one[:width]), width
+        assert torch.equal(after[-1], one_by_one[width]), width
+
+
+@pytest.mark.parametrize("k", [1, 4, 8, 15])
+def test_exact_greedy_speculative_output_is_plain_decoding(smol_exact, k):
+    target, codec = smol_exact
+    ids = codec.encode(COPY_PROMPT)
+    plain = greedy(Engine(target), ids, 40)
+    for factory in (NgramFactory(), SuffixFactory()):
+        spec = (
+            Engine(target, factory, SpecConfig(k=k))
+            .generate(ids, SamplingParams(), StopConfig(max_tokens=40, ignore_eos=True))
+            .run()
+        )
+        assert spec.token_ids == plain, (type(factory).__name__, k)
+        assert spec.stats.accepted > 0  # drafts were verified in blocks, not only single steps

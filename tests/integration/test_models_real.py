@@ -18,7 +18,10 @@ pytestmark = pytest.mark.model
 EXPECTED = {
     # name: (sha256 of the assembled GGUF, size in bytes, vocabulary size, an end-of-turn id)
     "qwen2.5-coder-0.5b": (
-        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064, 151936, 151645
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        491_400_064,
+        151936,
+        151645,
     ),
     "smollm2-135m": ("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98_362_432, 49152, 2),
 }

@@ -88,7 +88,9 @@ def test_speculative_greedy_equality_native_and_mixed_pairs(smollm2):
     native_smollm2, reference, codec = smollm2
     torch.manual_seed(0)
     # A random model of the same vocabulary: nearly every draft is rejected.
-    tiny = Transformer(replace(native_smollm2.args, n_layers=2, dim=64, hidden_dim=128, n_heads=4, n_kv_heads=2, head_dim=16))
+    tiny = Transformer(
+        replace(native_smollm2.args, n_layers=2, dim=64, hidden_dim=128, n_heads=4, n_kv_heads=2, head_dim=16)
+    )
     random_draft = NativeBackend(tiny.eval(), name="random-native")
     rows = NativeBackend.load(resolve("smollm2-135m").hf_dir, layout="rows")  # the unpacked layout
     pairs = {
@@ -104,7 +106,11 @@ def test_speculative_greedy_equality_native_and_mixed_pairs(smollm2):
         assert Engine(native_smollm2).generate(ids, SamplingParams(), stop).run().token_ids == plain
         for name, (target, draft) in pairs.items():
             for k in (1, 4):
-                spec = Engine(target, DraftModelFactory(draft), SpecConfig(k=k)).generate(ids, SamplingParams(), stop).run()
+                spec = (
+                    Engine(target, DraftModelFactory(draft), SpecConfig(k=k))
+                    .generate(ids, SamplingParams(), stop)
+                    .run()
+                )
                 assert spec.token_ids == plain, f"{name}, k={k}, {prompt!r}"
                 if "random" in name:
                     assert spec.stats.alpha < 0.2

@@ -33,8 +33,23 @@ def test_cpu_smoke_mode_prints_one_json_line(bench, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1  # the card goes to stderr
     result = json.loads(lines[0])
-    for field in ("gpu", "torch", "dtype", "target", "draft", "k", "prompts", "new_tokens", "plain_tok_s", "spec_tok_s",
-                  "speedup", "alpha", "tau", "greedy_equal", "weights"):
+    for field in (
+        "gpu",
+        "torch",
+        "dtype",
+        "target",
+        "draft",
+        "k",
+        "prompts",
+        "new_tokens",
+        "plain_tok_s",
+        "spec_tok_s",
+        "speedup",
+        "alpha",
+        "tau",
+        "greedy_equal",
+        "weights",
+    ):
         assert field in result, field
     assert result["greedy_equal"] is True and result["identical"] == "2/2" and result["divergences"] == []
     assert (result["weights"], result["draft"], result["target"]) == ("random", "self (random weights)", "tiny")

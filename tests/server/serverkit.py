@@ -7,6 +7,14 @@ from pipelinekit import EOS, MODEL, VOCAB, ByteTokenizer, SlowBackend, fake_pipe
 from spekula.server.background import Running, serving  # re-exported for the tests
 
 __all__ = [
-    "native_pipeline", "ByteTokenizer", "SlowBackend", "fake_pipeline", "printable_table", "serving", "Running",
-    "MODEL", "EOS", "VOCAB",
+    "native_pipeline",
+    "ByteTokenizer",
+    "SlowBackend",
+    "fake_pipeline",
+    "printable_table",
+    "serving",
+    "Running",
+    "MODEL",
+    "EOS",
+    "VOCAB",
 ]

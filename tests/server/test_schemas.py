@@ -17,21 +17,57 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_defaults_and_values():
     r = parse_request(BASE, "completion", SETTINGS)
-    assert (r.prompt, r.stop.max_tokens, r.sampling.temperature, r.stream, r.include_usage) == ("hi", 16, 0.0, False, False)
-    r = parse_request({**BASE, "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "seed": 3,
-                       "stop": "\n", "stream": True, "stream_options": {"include_usage": True}, "n": 1}, "completion", SETTINGS)
+    assert (r.prompt, r.stop.max_tokens, r.sampling.temperature, r.stream, r.include_usage) == (
+        "hi",
+        16,
+        0.0,
+        False,
+        False,
+    )
+    r = parse_request(
+        {
+            **BASE,
+            "max_tokens": 7,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 5,
+            "min_p": 0.1,
+            "seed": 3,
+            "stop": "\n",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "n": 1,
+        },
+        "completion",
+        SETTINGS,
+    )
     assert r.stop.max_tokens == 7 and r.stop.stop == ("\n",) and r.include_usage
-    assert (r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.sampling.min_p, r.sampling.seed) == (0.5, 0.9, 5, 0.1, 3)
+    assert (r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.sampling.min_p, r.sampling.seed) == (
+        0.5,
+        0.9,
+        5,
+        0.1,
+        3,
+    )
 
 
 def test_openai_client_shapes():
     assert parse_request({**BASE, "prompt": ["one"]}, "completion", SETTINGS).prompt == "one"
     assert parse_request({**BASE, "prompt": [1, 2, 3]}, "completion", SETTINGS).prompt == [1, 2, 3]
-    chat = {"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
-            "max_completion_tokens": 9, "logprobs": False, "presence_penalty": 0, "user": "u1", "top_logprobs": None}
+    chat = {
+        "model": "m",
+        "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        "max_completion_tokens": 9,
+        "logprobs": False,
+        "presence_penalty": 0,
+        "user": "u1",
+        "top_logprobs": None,
+    }
     r = parse_request(chat, "chat", SETTINGS)
     assert r.messages == [{"role": "system", "content": "ab"}] and r.stop.max_tokens == 9
-    assert parse_request({**BASE, "temperature": None}, "completion", SETTINGS).sampling.temperature == 0.0  # null = default
+    assert (
+        parse_request({**BASE, "temperature": None}, "completion", SETTINGS).sampling.temperature == 0.0
+    )  # null = default
     assert parse_request({**BASE, "top_k": -1}, "completion", SETTINGS).sampling.top_k == 0  # vLLM's "off" = our 0
     assert parse_request({**BASE, "top_k": 0}, "completion", SETTINGS).sampling.top_k == 0
     tiny = parse_request({**BASE, "temperature": 1e-38}, "completion", SETTINGS)
@@ -80,8 +116,18 @@ BAD = [
     ({"model": "m", "messages": "hi"}, "chat", "messages", "non-empty list"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "chat", "messages[0].role", "must be one of"),
     ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "chat", "messages[0].content", "must be a string"),
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat", "messages[0].content", "text only"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "chat", "messages[0]", "unsupported field"),
+    (
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "chat",
+        "messages[0].content",
+        "text only",
+    ),
+    (
+        {"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+        "chat",
+        "messages[0]",
+        "unsupported field",
+    ),
 ]
 
 

@@ -25,22 +25,40 @@ def test_defaults_are_safe(monkeypatch):
 
 def test_options_and_environment(monkeypatch):
     monkeypatch.setenv("SPEKULA_API_KEY", "from-env")
-    s = settings("--port", "9000", "--max-queue", "3", "--max-running", "2", "--max-tokens-limit", "50",
-                 "--default-max-tokens", "10", "--request-timeout", "5", "--temperature", "0.7", "--log-prompts")
+    s = settings(
+        "--port",
+        "9000",
+        "--max-queue",
+        "3",
+        "--max-running",
+        "2",
+        "--max-tokens-limit",
+        "50",
+        "--default-max-tokens",
+        "10",
+        "--request-timeout",
+        "5",
+        "--temperature",
+        "0.7",
+        "--log-prompts",
+    )
     assert (s.port, s.max_queue, s.max_running, s.max_tokens_limit, s.default_max_tokens) == (9000, 3, 2, 50, 10)
     assert (s.api_key, s.request_timeout_s, s.sampling.temperature, s.log_prompts) == ("from-env", 5.0, 0.7, True)
     assert settings("--api-key", "flag").api_key == "flag"  # the flag wins over the environment
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--max-running", "0"], "--max-running must be an integer >= 1"),
-    (["--max-queue", "-1"], "--max-queue must be an integer >= 0"),
-    (["--port", "70000"], "--port must be at most 65535"),
-    (["--default-max-tokens", "500", "--max-tokens-limit", "100"], "exceeds --max-tokens-limit"),
-    (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0"),
-    (["--temperature", "3"], "--temperature must be in [0, 2]"),
-    (["--top-p", "0"], "top_p must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--max-running", "0"], "--max-running must be an integer >= 1"),
+        (["--max-queue", "-1"], "--max-queue must be an integer >= 0"),
+        (["--port", "70000"], "--port must be at most 65535"),
+        (["--default-max-tokens", "500", "--max-tokens-limit", "100"], "exceeds --max-tokens-limit"),
+        (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0"),
+        (["--temperature", "3"], "--temperature must be in [0, 2]"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+    ],
+)
 def test_bad_options_say_what_to_change(argv, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         settings(*argv)

@@ -14,7 +14,7 @@ import openai
 import pytest
 from serverkit import serving
 
-from spekula.config import SamplingParams, SpecConfig, StopConfig
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.pipeline import Pipeline
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
@@ -26,7 +26,8 @@ WAIT = 120.0
 
 @pytest.fixture(scope="module")
 def real():
-    pipe = Pipeline.load(TARGET, TARGET, SpecConfig(k=4))  # the same model drafts: alpha ~ 1, counters must move
+    # the same model drafts: alpha ~ 1, counters must move; in PyTorch fp32, where greedy output equals plain decoding's
+    pipe = Pipeline.load(TARGET, TARGET, SpecConfig(k=4), BackendConfig(runtime="transformers"))
     with serving(create_app(pipe, ServerSettings())) as running:
         running.pipe = pipe
         yield running
@@ -45,7 +46,9 @@ def test_openai_client_gets_plain_decoding_of_the_target(real):
 
     c = openai.OpenAI(base_url=real.url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
     done = c.completions.create(model=TARGET, prompt=prompt, max_tokens=8)
-    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model=TARGET, prompt=prompt, max_tokens=8, stream=True))
+    streamed = "".join(
+        ch.choices[0].text for ch in c.completions.create(model=TARGET, prompt=prompt, max_tokens=8, stream=True)
+    )
     chat = c.chat.completions.create(model=TARGET, messages=messages, max_tokens=6)
     chat_chunks = list(c.chat.completions.create(model=TARGET, messages=messages, max_tokens=6, stream=True))
     chat_streamed = "".join(ch.choices[0].delta.content or "" for ch in chat_chunks)
@@ -72,7 +75,10 @@ def test_sixteen_concurrent_clients_match_their_sequential_runs(real):
     def ask(i: int) -> str:
         prompt = prompts[i % 8]
         if i < 8:
-            return "".join(ch.choices[0].text for ch in c.completions.create(model=TARGET, prompt=prompt, max_tokens=4, stream=True))
+            return "".join(
+                ch.choices[0].text
+                for ch in c.completions.create(model=TARGET, prompt=prompt, max_tokens=4, stream=True)
+            )
         return c.completions.create(model=TARGET, prompt=prompt, max_tokens=4).choices[0].text
 
     with ThreadPoolExecutor(16) as pool:

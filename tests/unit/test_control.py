@@ -6,12 +6,12 @@ import pytest
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK, FixedK
-from spekula.cost import CostModel
+from spekula.cost import HALF_LIFE, CostModel, base_acceptance, match_length
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
 from spekula.proposers.base import NO_DRAFT
 from spekula.testing import random_table_backend
-from spekula.trace import ListTrace
+from spekula.trace import JsonlTrace, ListTrace
 
 
 def memory_bound():  # bf16 on CPU: 9 tokens cost about what 1 costs
@@ -180,7 +180,8 @@ def test_a_requests_own_evidence_carries_across_draft_classes():
         ctl.observe(2, 2, 2, 0.0, 0.14, draft_class="2-gram")
     assert ctl.acceptance("1-gram")[0] > 0.5  # so it expects more of its 1-gram drafts too ...
     assert ctl.choose_k(draft_class="1-gram") >= 1  # ... and bets on them
-    assert costs.prior_acceptance("1-gram") == [0.2] * 4  # what a new request expects is unchanged
+    # what a new request expects is unchanged by this request's 2-gram drafts (only relaxed towards the base a bit)
+    assert costs.prior_acceptance("1-gram") == pytest.approx([0.2] * 4, abs=0.005)
 
 
 def test_nothing_to_draft_is_plain_decoding_and_not_a_decision():
@@ -224,7 +225,14 @@ def test_probes_are_rarer_where_a_wider_pass_is_dear():
 def test_learnt_state_is_not_configuration():
     configuration = [f.name for f in dataclasses.fields(AdaptiveK) if f.init]
     assert configuration == [
-        "costs", "k_max", "probe_every", "probe_budget", "max_probe_every", "min_probe_gain", "prior_weight", "decay",
+        "costs",
+        "k_max",
+        "probe_every",
+        "probe_budget",
+        "max_probe_every",
+        "min_probe_gain",
+        "prior_weight",
+        "decay",
     ]
     with pytest.raises(TypeError):
         AdaptiveK(memory_bound(), _accepted=5.0)
@@ -297,3 +305,181 @@ def test_speculating_again_restarts_the_probe_clock():
         ctl.observe(4, 4, 0, 0.32, 0.21)
     ks = [ctl.choose_k() for _ in range(4)]
     assert ks == [0, 0, 0, 1]  # after 4 plain steps again, not 16
+
+
+# -- robust learning: per-request evidence over engine-wide priors (issue 14) -----------------------
+
+
+def llamacpp_measured():  # llama.cpp Q4 on 2 cores (issue 14): 4-row kernels, a 16-row pass far cheaper than 17
+    ms = {1: 77, 2: 118, 4: 213, 8: 342, 9: 465, 12: 487, 13: 560, 16: 439, 17: 785}
+    return CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)
+
+
+def packed_fp32():  # native packed fp32 weights: wide passes cost little more than one token
+    return CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808, 17: 1.0}, frozen=True)
+
+
+# A fake acceptance process per draft class: (how often the proposer offers each class, chance that each
+# drafted token of a class is accepted given the earlier ones were).
+COPIES = ({"4-gram": 0.8, "2-gram": 0.1, "1-gram": 0.1}, {"4-gram": 0.95, "2-gram": 0.8, "1-gram": 0.6})
+COPIES_NOTHING = (
+    {NO_DRAFT: 0.5, "1-gram": 0.35, "2-gram": 0.1, "4-gram": 0.05},
+    {"4-gram": 0.05, "2-gram": 0.02, "1-gram": 0.01},
+)
+
+
+@dataclasses.dataclass
+class Simulated:
+    speedup: float  # plain decoding's time / this request's time, at the cost model's pass costs
+    tau: float
+    first_speculation: int | None  # step at which the controller first chose to speculate
+    reasons: list[str]
+
+
+def simulate(costs: CostModel, workload, tokens: int, rng) -> Simulated:
+    """One request of `tokens` tokens through a fresh AdaptiveK on an engine's shared cost model."""
+    offered, accept = workload
+    ctl = AdaptiveK(costs, k_max=16)
+    done = passes = 0
+    seconds, first, reasons = 0.0, None, []
+    while done < tokens:
+        draft_class = rng.choices(list(offered), list(offered.values()))[0]
+        k = min(ctl.choose_k(tokens - done, 0, draft_class), tokens - done - 1)
+        reasons.append(ctl.reason)
+        accepted = 0
+        while accepted < k and rng.random() < accept[draft_class]:
+            accepted += 1
+        ctl.observe(k, k, accepted, 0.0, costs.target_cost(k + 1), 0, draft_class)
+        if first is None and ctl.reason.startswith("speculate"):
+            first = passes
+        seconds += costs.target_cost(k + 1)
+        passes += 1
+        done += accepted + 1
+    return Simulated(tokens * costs.target_cost(1) / seconds, done / passes, first, reasons)
+
+
+@pytest.mark.parametrize("runtime", [llamacpp_measured, packed_fp32])
+def test_copy_heavy_requests_after_copy_nothing_ones_speculate_within_a_few_steps(runtime):
+    import random
+
+    costs, rng = runtime(), random.Random(0)
+    nothing = [simulate(costs, COPIES_NOTHING, 100, rng) for _ in range(4)]
+    copies = [simulate(costs, COPIES, 100, rng) for _ in range(4)]
+    assert all(r.speedup > 0.97 for r in nothing)  # speculation is never (much of) a loss
+    # what the copy-nothing requests taught the engine is a prior, not a verdict
+    assert all(r.first_speculation is not None and r.first_speculation <= 4 for r in copies)
+    assert all(r.tau > 4.0 for r in copies)
+    # at least 80% of an oracle that drafts the best k for the true acceptance of every long match
+    oracle = costs.best_k(0.95, 16)[1]
+    assert sum(r.speedup for r in copies) / 4 > 0.8 * (0.8 * oracle + 0.2)
+    assert all(r.reasons and all(r.reasons) for r in nothing + copies)
+
+
+@pytest.mark.parametrize("runtime", [llamacpp_measured, packed_fp32])
+def test_copy_nothing_requests_after_copy_heavy_ones_cost_within_a_few_percent_of_plain(runtime):
+    import random
+
+    costs, rng = runtime(), random.Random(1)
+    copies = [simulate(costs, COPIES, 100, rng) for _ in range(4)]
+    nothing = [simulate(costs, COPIES_NOTHING, 100, rng) for _ in range(4)]
+    assert all(r.speedup > 1.3 for r in copies) and sum(r.speedup for r in copies) / 4 > 1.5
+    assert all(r.speedup > 0.95 for r in nothing) and sum(r.speedup for r in nothing) / 4 > 0.97
+
+
+def test_one_unlucky_first_request_does_not_switch_n_gram_drafting_off():
+    # issue 14: native fp32, a 9-token pass ~1.2x one; the first request's drafts were all rejected
+    costs = CostModel(target_s={1: 0.66, 2: 0.68, 9: 0.80, 17: 0.95}, frozen=True)
+    unlucky = AdaptiveK(costs)
+    for draft_class in ("2-gram", "1-gram", "3-gram", "1-gram", "2-gram"):
+        k = unlucky.choose_k(100, 0, draft_class)
+        unlucky.observe(k, k, 0, 0.0, costs.target_cost(k + 1), 0, draft_class)
+    edit = AdaptiveK(costs)  # an edit that re-emits its prompt: long matches that pass
+    ks = []
+    for _ in range(6):
+        k = edit.choose_k(100, 0, "4-gram")
+        edit.observe(k, k, k, 0.0, costs.target_cost(k + 1), 0, "4-gram")
+        ks.append(k)
+    assert ks[0] >= 1 and ks[-1] >= 8
+
+
+def test_an_unseen_class_starts_from_its_match_length():
+    costs = CostModel(alpha=0.1)  # whatever the engine-wide alpha, a long match is evidence of copying
+    assert base_acceptance("8-gram") == pytest.approx([8 / 10, 9 / 11, 10 / 12, 11 / 13])
+    assert match_length("suffix-8..15") == 8 and match_length("suffix-16+") == 16 and match_length("suffix-1") == 1
+    assert match_length(None) is None and match_length("draft") is None and base_acceptance(None) is None
+    assert costs.prior_acceptance("suffix-16+") == base_acceptance("suffix-16+")
+    assert (
+        costs.prior_acceptance("1-gram")[0] < costs.prior_acceptance("4-gram")[0] < costs.prior_acceptance("8-gram")[0]
+    )
+    assert costs.prior_acceptance(None) == [0.1] * 4  # no match length: the engine-wide alpha
+    # a rate learnt at the first position carries to later ones that short drafts never reach
+    costs.acceptance = {"4-gram": [0.97, 0.5, None, None]}
+    assert costs.prior_acceptance("4-gram") == [0.97] * 4
+
+
+def test_learnt_rates_relax_towards_their_base():
+    costs = CostModel()
+    for _ in range(20):
+        costs.observe_acceptance(1, 0, "4-gram")
+    low = costs.prior_acceptance("4-gram")[0]
+    assert low < 0.1 and costs.alpha < 0.1
+    for _ in range(HALF_LIFE):
+        costs.tick()
+    base = base_acceptance("4-gram")[0]
+    assert costs.prior_acceptance("4-gram")[0] == pytest.approx((low + base) / 2, rel=1e-3)
+    assert costs.alpha > 0.3
+
+
+def test_an_accepted_probe_is_followed_by_another_and_a_rejected_one_waits():
+    costs = llamacpp_measured()
+    costs.acceptance = {"4-gram": [0.05] * 4}  # what earlier requests taught: long matches do not copy
+    ctl = AdaptiveK(costs)
+    assert ctl.choose_k(100, 0, "1-gram") == 0  # a 1-token match alone could not pay here: not probed
+    assert ctl.reason.startswith("plain: best k=1 predicts")
+    assert ctl.choose_k(100, 0, "4-gram") == 1 and ctl.reason.startswith("probe")  # a new request probes at once
+    ctl.observe(1, 1, 1, 0.0, 0.118, 0, "4-gram")
+    assert ctl.choose_k(100, 0, "4-gram") == 1  # it passed: probe again
+    ctl.observe(1, 1, 0, 0.0, 0.118, 0, "4-gram")
+    assert [ctl.choose_k(100, 0, "4-gram") for _ in range(ctl.first_probe_gap)][-2:] == [0, 1]
+
+
+def test_probes_stay_rare_where_acceptance_is_genuinely_low():
+    costs = llamacpp_measured()
+    ctl = AdaptiveK(costs)
+    drafted = 0
+    for _ in range(500):
+        k = ctl.choose_k(1000, 0, "4-gram")
+        ctl.observe(k, k, 0, 0.0, costs.target_cost(k + 1), 0, "4-gram")
+        drafted += k > 0
+    assert drafted <= 12  # one per request at first, then after ever longer gaps
+
+
+def test_the_reason_for_k_is_on_every_step_of_the_trace():
+    import io
+    import json
+
+    target = random_table_backend(40, seed=0, order=1)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 3
+    for spec in (SpecConfig(k=None, k_max=8), SpecConfig(k=4)):
+        engine = Engine(target, NgramFactory(4, 1), spec)
+        engine.costs = packed_fp32()
+        trace, stream = ListTrace(), io.StringIO()
+        engine.generate(prompt, SamplingParams(), StopConfig(max_tokens=16), trace).run()
+        engine.generate(prompt, SamplingParams(), StopConfig(max_tokens=16), JsonlTrace(stream)).run()
+        assert trace.steps and all(r.reason for r in trace.steps)
+        prefixes = ("speculate: k=", "plain: ", "probe: ", "no draft: ", "fixed: k=")
+        assert all(r.reason.startswith(prefixes) for r in trace.steps)
+        steps = [json.loads(line) for line in stream.getvalue().splitlines() if '"type": "step"' in line]
+        assert steps and all(s["reason"] for s in steps)
+        for r in trace.steps:
+            if r.draft_class == NO_DRAFT:
+                assert r.reason == "no draft: no match"
+            elif r.reason.startswith("speculate"):
+                assert r.k > 0 and f"k={r.k}" in r.reason or "tokens left" in r.reason
+
+
+def test_the_reason_says_when_slow_start_caps_k():
+    dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)
+    dear.alpha = 1.0
+    ctl = AdaptiveK(dear, k_max=8)
+    assert ctl.choose_k() == 1 and ctl.reason.endswith("slow start cap 1")

@@ -3,7 +3,7 @@
 import pytest
 
 from spekula.config import SpecConfig
-from spekula.cost import CostModel, calibration_widths, expected_tokens
+from spekula.cost import DRIFT, RECALIBRATE_GAP, CostModel, calibration_widths, expected_tokens
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory
 from spekula.testing import random_table_backend
@@ -80,13 +80,75 @@ def test_calibration_measures_every_width():
     assert engine.costs.draft_s_per_token > 0
 
 
-def test_calibration_times_every_narrow_width_and_every_fourth_past_nine():
+def test_calibration_times_the_widths_where_grouped_row_kernels_change_slope():
+    # llama.cpp's repacked kernels work in groups of 4 rows: 16 rows cost far less than 17, so both are timed
     assert calibration_widths(3) == [1, 2, 3, 4]
-    assert calibration_widths(16) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17]
-    assert calibration_widths(18) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 19]  # k_max + 1 itself, always
+    assert calibration_widths(16) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17]
+    assert calibration_widths(18) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 19]  # k_max + 1 itself, always
+    assert calibration_widths(16, every=True) == list(range(1, 18))
     costs = CostModel()
-    costs.calibrate(random_table_backend(20, seed=0), k_max=16, max_rows=4 * 17)  # a server: 4 x 17 rows
-    assert sorted(costs.target_s) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 32, 64, 68]
+    costs.calibrate(random_table_backend(20, seed=0), k_max=16, max_rows=4 * 17, every_width_s=0.0)
+    assert sorted(costs.target_s) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 32, 64, 68]  # a server: 4 x 17 rows
+    # where the dense widths say every width past them costs little to time, every one is timed
+    costs = CostModel()
+    costs.calibrate(random_table_backend(20, seed=0), k_max=16, every_width_s=60.0)
+    assert sorted(costs.target_s) == list(range(1, 18))
+
+
+def test_best_k_follows_a_cost_curve_that_is_not_monotonic():
+    # llama.cpp Q4 on 2 cores (issue 14): a 16-row pass is cheaper than a 12-row one and half a 17-row one
+    ms = {1: 77, 2: 118, 4: 213, 8: 342, 9: 465, 12: 487, 16: 439, 17: 785}
+    c = CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)
+    assert c.target_cost(16) < c.target_cost(12) and c.target_cost(16) < c.target_cost(17)
+    k, speedup = c.best_k(0.95, k_max=16)
+    assert k == 15 and speedup == pytest.approx(c.tokens_per_s(0.95, 15) / c.tokens_per_s(0.95, 0))
+    # a table that never timed 16 rows interpolates them between 12 and 17 and hides the cheap width
+    hidden = CostModel(target_s={n: v / 1000 for n, v in ms.items() if n != 16}, frozen=True)
+    assert hidden.best_k(0.95, k_max=16)[0] == 7 and hidden.best_k(0.95, k_max=16)[1] < speedup
+
+
+def test_widths_not_observed_since_calibration_follow_the_drift_of_the_one_token_pass():
+    # calibrated while the machine was busy: every pass measured twice as slow as it runs now
+    c = CostModel()
+    c.target_s = {1: 0.2, 2: 0.22, 9: 0.4}
+    c.calibrated = dict(c.target_s)
+    c._calibrated_at = 0
+    for _ in range(30):
+        c.observe_target(1, 0.1)  # plain decoding observes only one-token passes
+    assert c.drift == pytest.approx(0.5, rel=0.01)
+    assert c.target_cost(9) == pytest.approx(0.2, rel=0.01) and c.target_cost(5) == pytest.approx(0.15, rel=0.01)
+    c.observe_target(9, 0.25)  # a width observed online is its own measurement from then on
+    assert c.target_cost(9) == pytest.approx(0.8 * 0.2 + 0.2 * 0.25, rel=0.01)
+    # and the table asks to be measured again, once enough steps have passed since the last time
+    assert not c.stale()
+    for _ in range(RECALIBRATE_GAP):
+        c.tick()
+    assert c.stale()
+
+
+def test_a_stale_table_is_measured_again_before_the_next_request():
+    target = random_table_backend(20, seed=0)
+    engine = Engine(target, DraftModelFactory(random_table_backend(20, seed=1)), SpecConfig(k=None, k_max=3))
+    engine.calibrate()
+    costs = engine.costs
+    measured = dict(costs.calibrated)
+    for _ in range(10):
+        costs.observe_target(1, 50 * measured[1])  # the machine got far slower (or calibration ran busy)
+    for _ in range(RECALIBRATE_GAP):
+        costs.tick()
+    assert costs.stale() and costs.drift > 1 + DRIFT
+    engine.new_controller()
+    assert not costs.stale() and costs.drift == 1.0  # measured again: the online width counts from the new table
+    assert costs.target_s[1] < 10 * measured[1]
+    # a drift that measuring again does not remove waits twice as long before the next re-measurement
+    for _ in range(10):
+        costs.observe_target(1, 50 * measured[1])
+    for _ in range(RECALIBRATE_GAP):
+        costs.tick()
+    assert not costs.stale()
+    for _ in range(RECALIBRATE_GAP):
+        costs.tick()
+    assert costs.stale()
 
 
 def test_expected_tokens_by_draft_position():

@@ -62,7 +62,9 @@ def test_plain_decoding_counts():
 @pytest.mark.parametrize("name", ["same-model", "random-model", "ngram", "suffix"])
 def test_caches_hold_exactly_the_committed_tokens(name):
     t = target()
-    gen = Engine(t, proposers()[name], SpecConfig(k=4)).generate(PROMPTS[2], SamplingParams(temperature=1.0, seed=3), StopConfig(max_tokens=40))
+    gen = Engine(t, proposers()[name], SpecConfig(k=4)).generate(
+        PROMPTS[2], SamplingParams(temperature=1.0, seed=3), StopConfig(max_tokens=40)
+    )
     for _ in gen:
         committed = PROMPTS[2] + gen.token_ids
         assert gen.target_sequence.tokens == committed[:-1]  # the last token is pending
@@ -83,14 +85,20 @@ def test_draft_cache_is_reused_not_reprefilled():
 
 def test_a_request_that_never_drafts_never_opens_a_draft_cache():
     draft_model = random_table_backend(VOCAB, seed=123, order=2)
-    gen = Engine(target(), DraftModelFactory(draft_model), SpecConfig(k=0)).generate(PROMPTS[0], SamplingParams(), StopConfig(max_tokens=8))
+    gen = Engine(target(), DraftModelFactory(draft_model), SpecConfig(k=0)).generate(
+        PROMPTS[0], SamplingParams(), StopConfig(max_tokens=8)
+    )
     gen.run()
     assert draft_model.tokens_fed == 0 and gen.proposer._sequence is None  # k = 0 all along: no context, no prefill
     assert gen.stats.output_tokens == 8
 
 
 def test_per_position_acceptance_is_consistent():
-    g = run(Engine(target(), proposers()["random-model"], SpecConfig(k=3)), PROMPTS[0], sampling=SamplingParams(temperature=1.0, seed=1))
+    g = run(
+        Engine(target(), proposers()["random-model"], SpecConfig(k=3)),
+        PROMPTS[0],
+        sampling=SamplingParams(temperature=1.0, seed=1),
+    )
     s = g.stats
     assert sum(s.drafted_per_position) == s.drafted and sum(s.accepted_per_position) == s.accepted
     assert all(a <= d for a, d in zip(s.accepted_per_position, s.drafted_per_position))
@@ -154,7 +162,11 @@ def test_context_limit_stops_with_length():
 def test_trace_records_every_step():
     trace = ListTrace()
     t = target()
-    g = Engine(t, proposers()["random-model"], SpecConfig(k=4)).generate(PROMPTS[0], SamplingParams(), StopConfig(max_tokens=20), trace).run()
+    g = (
+        Engine(t, proposers()["random-model"], SpecConfig(k=4))
+        .generate(PROMPTS[0], SamplingParams(), StopConfig(max_tokens=20), trace)
+        .run()
+    )
     assert sum(len(r.emitted) for r in trace.steps) == len(g.token_ids) == 20
     assert len(trace.steps) == g.stats.target_passes
     for r in trace.steps:
@@ -166,33 +178,46 @@ def test_trace_records_every_step():
     assert trace.requests[0]["token_ids"] == g.token_ids
 
 
-@pytest.mark.parametrize("draft_seed, scale, confidence, drafted_per_step", [
-    (123, 0.1, 0.5, 1),  # a flat draft (every token ~1/40): each draft stops after its first token
-    (0, 3.0, 1e-6, 4),  # a threshold nothing falls below: every draft is k long
-])
-def test_draft_confidence_stops_at_the_first_unsure_token_and_stays_lossless(draft_seed, scale, confidence, drafted_per_step):
+@pytest.mark.parametrize(
+    "draft_seed, scale, confidence, drafted_per_step",
+    [
+        (123, 0.1, 0.5, 1),  # a flat draft (every token ~1/40): each draft stops after its first token
+        (0, 3.0, 1e-6, 4),  # a threshold nothing falls below: every draft is k long
+    ],
+)
+def test_draft_confidence_stops_at_the_first_unsure_token_and_stays_lossless(
+    draft_seed, scale, confidence, drafted_per_step
+):
     t = target()
     draft = DraftModelFactory(random_table_backend(VOCAB, seed=draft_seed, order=2, scale=scale), confidence=confidence)
     trace = ListTrace()
     for prompt in PROMPTS:
         plain = run(Engine(t), prompt)
-        gen = Engine(t, draft, SpecConfig(k=4, draft_confidence=confidence)).generate(prompt, SamplingParams(), StopConfig(max_tokens=30), trace)
+        gen = Engine(t, draft, SpecConfig(k=4, draft_confidence=confidence)).generate(
+            prompt, SamplingParams(), StopConfig(max_tokens=30), trace
+        )
         spec = gen.run()
         assert spec.token_ids == plain.token_ids
     steps = [r for r in trace.steps if r.k == 4]
-    assert steps and all(len(r.drafted) == drafted_per_step for r in steps)  # asked for 4, drafted what the threshold allows
+    assert steps and all(
+        len(r.drafted) == drafted_per_step for r in steps
+    )  # asked for 4, drafted what the threshold allows
 
 
 def test_draft_confidence_applies_to_draft_models_only():
     assert build_proposer("ngram", SpecConfig(), target=target()) is not None
     with pytest.raises(ConfigError, match="has no probabilities to stop on"):
         build_proposer("ngram", SpecConfig(draft_confidence=0.4), target=target())
-    factory = build_proposer("x", SpecConfig(draft_confidence=0.4), target=target(), load_draft=lambda _: random_table_backend(VOCAB, 1))
+    factory = build_proposer(
+        "x", SpecConfig(draft_confidence=0.4), target=target(), load_draft=lambda _: random_table_backend(VOCAB, 1)
+    )
     assert factory.create().confidence == 0.4
 
 
 def test_closing_early_frees_the_caches():
-    gen = Engine(target(), proposers()["same-model"], SpecConfig(k=2)).generate(PROMPTS[0], SamplingParams(), StopConfig(max_tokens=50))
+    gen = Engine(target(), proposers()["same-model"], SpecConfig(k=2)).generate(
+        PROMPTS[0], SamplingParams(), StopConfig(max_tokens=50)
+    )
     next(iter(gen))
     gen.close()
     assert gen.target_sequence.tokens == [] and gen.proposer.sequence.tokens == []
@@ -215,13 +240,18 @@ def test_closing_early_frees_the_caches():
         (lambda: Engine(target()).generate([VOCAB + 5]), "outside the vocabulary"),
         (lambda: build_proposer("ngramm", SpecConfig(), target=target()), "unknown proposer 'ngramm'"),
         (
-            lambda: build_proposer("x", SpecConfig(), target=target(), load_draft=lambda _: random_table_backend(VOCAB + 1, 0)),
+            lambda: build_proposer(
+                "x", SpecConfig(), target=target(), load_draft=lambda _: random_table_backend(VOCAB + 1, 0)
+            ),
             "different|vocabulary of 41 tokens",
         ),
     ],
 )
 def test_bad_arguments_give_clear_errors(make, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[") if "|" not in message else message):
+    with pytest.raises(
+        ConfigError,
+        match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[") if "|" not in message else message,
+    ):
         make()
 
 

@@ -123,10 +123,12 @@ assert main(["bench", "--target", "no-such-model", "--out", {str(tmp_path)!r}]) 
     assert {"fastapi", "uvicorn", "prometheus_client", "openai", "matplotlib"} <= set(not_in_core())
     result = run_without_extras(code)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"spekula serve needs \w+, which the 'server' extra installs: pip install 'spekula\[server\]'",
-                     result.stderr), result.stderr
-    assert re.search(r"spekula bench needs \w+, which the 'bench' extra installs: pip install 'spekula\[bench\]'",
-                     result.stderr), result.stderr
+    assert re.search(
+        r"spekula serve needs \w+, which the 'server' extra installs: pip install 'spekula\[server\]'", result.stderr
+    ), result.stderr
+    assert re.search(
+        r"spekula bench needs \w+, which the 'bench' extra installs: pip install 'spekula\[bench\]'", result.stderr
+    ), result.stderr
 
 
 @pytest.mark.model

@@ -70,7 +70,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 colour[path.pop()] = BLACK
                 stack.pop()
             elif colour.get(nxt, BLACK) == GREY:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif colour.get(nxt, BLACK) == WHITE:
                 colour[nxt] = GREY
                 path.append(nxt)

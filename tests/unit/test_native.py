@@ -24,8 +24,14 @@ from spekula.proposers import DraftModelFactory
 VOCAB = 96
 ATOL = 1e-5  # tiny models: logits ~1, fp32 rounding ~1e-7
 COMMON = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=640, rms_norm_eps=1e-5,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=640,
+    rms_norm_eps=1e-5,
 )
 
 
@@ -283,9 +289,19 @@ def test_config_parsing_and_refusals(llama):
     rope = {"rope_theta": 1e6, "rope_type": "default"}
     qwen = args_from_hf_config({**COMMON, "model_type": "qwen2", "rope_parameters": rope})
     assert qwen.qkv_bias and not qwen.o_bias and qwen.rope_theta == 1e6 and qwen.sliding_window == ()
-    llama3 = args_from_hf_config({**COMMON, "model_type": "llama", "rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64}})
+    llama3 = args_from_hf_config(
+        {
+            **COMMON,
+            "model_type": "llama",
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        }
+    )
     assert llama3.rope_scaling["rope_type"] == "llama3"
     with pytest.raises(ModelError, match="supports llama"):
         args_from_hf_config({**COMMON, "model_type": "gemma3"})
@@ -295,8 +311,14 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(3)
-    scaling = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    scaling = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     model = LlamaForCausalLM(LlamaConfig(**COMMON, rope_parameters=scaling)).eval()
     model.save_pretrained(tmp_path)
     ids = tokens(40, seed=8)
@@ -327,9 +349,17 @@ def test_gguf_file_loads_the_same_weights(llama, tmp_path):
     writer.add_eos_token_id(2)
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])  # tied: no output.weight
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
-    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    names = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     for i in range(a.n_layers):
         for g, h in names.items():
             w = state[f"model.layers.{i}.{h}.weight"]
@@ -369,8 +399,13 @@ def test_speculative_greedy_equality_native_and_mixed(llama):
     random_draft = NativeBackend(Transformer(native.args).eval(), name="random")  # same vocabulary, no skill
     prompt = tokens(7, seed=12)
     plain = Engine(native).generate(prompt, SamplingParams(), StopConfig(max_tokens=24, ignore_eos=True)).run()
-    assert plain.token_ids == Engine(reference_backend).generate(
-        prompt, SamplingParams(), StopConfig(max_tokens=24, ignore_eos=True)).run().token_ids
+    assert (
+        plain.token_ids
+        == Engine(reference_backend)
+        .generate(prompt, SamplingParams(), StopConfig(max_tokens=24, ignore_eos=True))
+        .run()
+        .token_ids
+    )
     pairs = {
         "native/native-self": (native, native),
         "native/native-random": (native, random_draft),
@@ -379,8 +414,11 @@ def test_speculative_greedy_equality_native_and_mixed(llama):
     }
     for name, (target, draft) in pairs.items():
         for k in (1, 4):
-            spec = Engine(target, DraftModelFactory(draft), SpecConfig(k=k)).generate(
-                prompt, SamplingParams(), StopConfig(max_tokens=24, ignore_eos=True)).run()
+            spec = (
+                Engine(target, DraftModelFactory(draft), SpecConfig(k=k))
+                .generate(prompt, SamplingParams(), StopConfig(max_tokens=24, ignore_eos=True))
+                .run()
+            )
             assert spec.token_ids == plain.token_ids, f"{name} k={k}"
             if name != "native/native-random":
                 assert spec.stats.alpha > 0.9, name

@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 
 from spekula.config import BackendConfig
-from spekula.options import add_model_options, draft_backend_from_args
-from spekula.pipeline import DEFAULT_RUNTIME, default_draft_runtime, draft_backend_config
+from spekula.options import add_model_options, backend_from_args, draft_backend_from_args
+from spekula.pipeline import default_draft_runtime, default_runtime, draft_backend_config
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -18,8 +18,37 @@ def parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def test_the_cli_target_runs_native_by_default():
-    assert DEFAULT_RUNTIME == "native" and parse().backend == "native"
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is installed by `make setup`")
+def test_a_gguf_target_on_a_cpu_runs_in_llama_cpp_and_so_does_its_draft():
+    assert default_runtime("qwen2.5-coder-1.5b", device="cpu") == "llamacpp"  # a built-in model: a GGUF
+    assert default_runtime("/models/target.GGUF", device="cpu") == "llamacpp"
+    args = parse("--target", "qwen2.5-coder-1.5b", "--threads", "2")
+    assert args.backend is None  # the option records that nobody chose; backend_from_args decides
+    if not _sees_gpu():
+        assert backend_from_args(args) == BackendConfig(threads=2, runtime="llamacpp")
+        assert draft_backend_from_args(args) == BackendConfig(threads=2, runtime="llamacpp")
+
+
+def test_native_on_a_gpu_for_a_hugging_face_directory_or_without_llama_cpp(tmp_path, monkeypatch):
+    assert default_runtime("qwen2.5-coder-1.5b", device="cuda") == "native"
+    assert default_runtime(str(tmp_path), device="cpu") == "native"  # a Hugging Face directory: no GGUF
+    assert default_runtime("qwen2.5-coder-1.5b", device="cpu", dtype="bfloat16") == "native"  # PyTorch weights
+    assert backend_from_args(parse("--dtype", "bfloat16")).runtime == "native"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as if llama-cpp-python were missing
+    assert default_runtime("qwen2.5-coder-1.5b", device="cpu") == "native"
+
+
+def test_an_explicit_backend_always_wins():
+    for runtime in ("native", "transformers", "llamacpp"):
+        args = parse("--backend", runtime, "--target", "qwen2.5-coder-1.5b")
+        assert backend_from_args(args).runtime == runtime
+    assert draft_backend_from_args(parse("--backend", "native", "--draft-backend", "native")).runtime == "native"
+
+
+def _sees_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is installed by `make setup`")

@@ -1,19 +1,25 @@
 """Suffix lookup: the index and its counts, longest match, draft by frequency, match-length-dependent
 draft length, the cross-request cache (LRU by entries and bytes, bounded memory, namespaces), and the
-engine: greedy output identical to plain decoding, drafts accepted on repetitive text."""
+engine: greedy output identical to plain decoding, drafts accepted on repetitive text; namespaces kept
+apart through the pipeline; the knobs a user sets (SpecConfig.suffix, --suffix-*)."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import random
 import tracemalloc
 
 import pytest
 import torch
+from pipelinekit import EOS, ByteTokenizer, SlowBackend, printable_table
+from pipelinekit import VOCAB as BYTES
 
-from spekula.config import SamplingParams, SpecConfig, StopConfig
+from spekula.config import SamplingParams, SpecConfig, StopConfig, SuffixOptions
 from spekula.engine import Engine
 from spekula.errors import ConfigError
+from spekula.options import add_model_options, add_suffix_options, spec_from_args
+from spekula.pipeline import Pipeline
 from spekula.proposers import SUFFIX, build_proposer, needs_model
 from spekula.proposers.base import NO_DRAFT
 from spekula.proposers.suffix import (
@@ -29,6 +35,7 @@ from spekula.proposers.suffix import (
     match_class,
 )
 from spekula.testing import FunctionBackend, random_table_backend
+from spekula.text import TextCodec
 
 GREEDY = SamplingParams()
 DEFAULTS = SuffixConfig()
@@ -41,7 +48,7 @@ def propose(context, k=8, config=DEFAULTS, cache=None, namespace=""):
 def continuations(index: SuffixIndex, suffix: list[int]) -> dict[int, int]:
     """The counts at the trie node of `suffix`: how often each token followed an occurrence of it."""
     level = max(i for i, n in enumerate(ANCHORS) if n <= len(suffix))
-    key = suffix[-1] if ANCHORS[level] == 1 else hash(tuple(suffix[-ANCHORS[level]:]))
+    key = suffix[-1] if ANCHORS[level] == 1 else hash(tuple(suffix[-ANCHORS[level] :]))
     counts: dict[int, int] = {}
     for _, seq, end in index.occurrences(level, key, limit=10**9):
         if end >= len(suffix) and common_suffix(seq, end, suffix, len(suffix)) == len(suffix):
@@ -160,8 +167,15 @@ def test_no_match_no_draft():
 
 def test_draft_class_buckets_the_match_length():
     assert [match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
-        "suffix-1", "suffix-2..3", "suffix-2..3", "suffix-4..7", "suffix-4..7", "suffix-8..15", "suffix-8..15",
-        "suffix-16+", "suffix-16+",
+        "suffix-1",
+        "suffix-2..3",
+        "suffix-2..3",
+        "suffix-4..7",
+        "suffix-4..7",
+        "suffix-8..15",
+        "suffix-8..15",
+        "suffix-16+",
+        "suffix-16+",
     ]
     text = list(range(100, 140))
     p = SuffixProposer()
@@ -177,7 +191,9 @@ def test_never_drafts_ids_outside_the_vocabulary():
     p = SuffixProposer(SuffixConfig(spec_factor=4.0), cache, "", vocab_size=100)
     assert p.propose([9, 1, 2], 8, GREEDY, None).tokens == [3]
     assert SuffixProposer(SuffixConfig(spec_factor=4.0), cache, "").propose([9, 1, 2], 8, GREEDY, None).tokens == [
-        3, 500, 4,
+        3,
+        500,
+        4,
     ]
 
 
@@ -368,3 +384,103 @@ def test_a_repeated_request_drafts_from_the_cache():
     assert second.token_ids == first.token_ids
     assert first.stats.tau < 1.5
     assert second.stats.tau > 3 and second.stats.target_passes < first.stats.target_passes / 2
+
+
+# -- namespaces end to end, through the pipeline ------------------------------------------------------
+
+
+def test_namespaces_are_kept_apart_through_the_pipeline():
+    """Request A in namespace "a" teaches a continuation; B in "b", same prompt, drafts exactly as with
+    an empty cache (nothing of A's), while C in "a" drafts A's output back."""
+
+    def pipeline() -> Pipeline:
+        target = SlowBackend(printable_table(0), BYTES, eos=EOS, context_length=512, name="fake-bytes")
+        factory = SuffixFactory(SuffixConfig(spec_factor=4.0), vocab_size=BYTES)
+        return Pipeline(target, TextCodec(ByteTokenizer()), factory, SpecConfig(k=8), draft_name=SUFFIX)
+
+    prompt = list(b"Once upon a time")
+    stop = StopConfig(max_tokens=48, ignore_eos=True)
+    pipe = pipeline()
+    a = pipe.generate(prompt, GREEDY, stop, namespace="a")
+    b = pipe.generate(prompt, GREEDY, stop, namespace="b")
+    c = pipe.generate(prompt, GREEDY, stop, namespace="a")
+    fresh = pipeline().generate(prompt, GREEDY, stop, namespace="b")
+    assert a.token_ids == b.token_ids == c.token_ids == fresh.token_ids  # lossless whatever is drafted
+    # B drafted what a request with an empty cache drafts, step for step: nothing learnt from A
+    assert (b.stats.drafted, b.stats.accepted, b.stats.target_passes) == (
+        fresh.stats.drafted,
+        fresh.stats.accepted,
+        fresh.stats.target_passes,
+    )
+    assert b.stats.tau < 2  # the table rarely repeats itself: little to draft from the request alone
+    assert c.stats.tau > 4 and c.stats.target_passes < b.stats.target_passes / 2  # A's output, drafted back
+    assert sorted(pipe.engine.proposer.cache.namespaces()) == ["a", "b"]
+
+
+def test_forget_drops_one_namespace_only():
+    factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    finish(factory, [1, 2], [70, 71, 72, 73], namespace="repeat-0")
+    finish(factory, [1, 2], [80, 81, 82, 83], namespace="repeat-1")
+    factory.forget("repeat-0")
+    factory.forget("nobody")  # nothing to forget: no error
+    assert factory.cache.namespaces() == ["repeat-1"] and factory.cache.entries == 1 and factory.cache.tokens == 4
+    assert factory.create("repeat-0").propose([70, 71], 8, GREEDY, None).tokens == []
+    assert factory.create("repeat-1").propose([80, 81], 8, GREEDY, None).tokens == [82, 83]
+
+
+# -- the knobs a user sets: SpecConfig.suffix, --suffix-* -------------------------------------------
+
+
+def test_user_options_reach_the_proposer():
+    target = random_table_backend(VOCAB, seed=0, order=2)
+    options = SuffixOptions(cache_entries=3, cache_bytes=1 << 20, max_depth=8, min_token_prob=0.5, spec_factor=2.0)
+    factory = build_proposer(SUFFIX, SpecConfig(suffix=options), target=target)
+    c = factory.config
+    assert (c.cache_entries, c.cache_bytes, c.max_depth, c.min_token_prob, c.spec_factor) == (3, 1 << 20, 8, 0.5, 2.0)
+    assert (factory.cache.max_entries, factory.cache.max_bytes) == (3, 1 << 20)
+    assert SuffixConfig.from_options(SuffixOptions()) == SuffixConfig()  # one set of defaults
+    with pytest.raises(ConfigError, match="suffix options .* 'ngram' does not use them"):
+        build_proposer("ngram", SpecConfig(suffix=SuffixOptions(cache_entries=3)), target=target)
+    for kwargs, words in [
+        ({"cache_entries": -1}, "suffix cache_entries must be an integer >= 0"),
+        ({"cache_bytes": 1.5}, "suffix cache_bytes must be an integer >= 0"),
+        ({"max_depth": 0}, "suffix max_depth must be an integer >= 1"),
+        ({"min_token_prob": -0.1}, "suffix min_token_prob must be a probability"),
+        ({"spec_factor": float("inf")}, "suffix spec_factor must be > 0"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            SpecConfig(suffix=SuffixOptions(**kwargs))
+
+
+def test_suffix_flags():
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    add_suffix_options(parser)
+
+    def spec(*argv):
+        return spec_from_args(parser.parse_args(list(argv)))
+
+    assert spec("--draft", "suffix").suffix == SuffixOptions()
+    got = spec(
+        "--draft",
+        "suffix",
+        "--suffix-cache-entries",
+        "5",
+        "--suffix-cache-mb",
+        "1.5",
+        "--suffix-max-depth",
+        "12",
+        "--suffix-min-token-prob",
+        "0.3",
+        "--suffix-spec-factor",
+        "2",
+    ).suffix
+    assert got == SuffixOptions(cache_entries=5, cache_bytes=3 << 19, max_depth=12, min_token_prob=0.3, spec_factor=2.0)
+    with pytest.raises(
+        ConfigError, match="--suffix-cache-mb, --suffix-max-depth: options of --draft suffix, but --draft is 'ngram'"
+    ):
+        spec("--draft", "ngram", "--suffix-cache-mb", "8", "--suffix-max-depth", "4")
+    with pytest.raises(ConfigError, match="--suffix-cache-mb must be a number of MiB >= 0"):
+        spec("--draft", "suffix", "--suffix-cache-mb", "-1")
+    with pytest.raises(ConfigError, match="suffix cache_entries must be an integer >= 0"):
+        spec("--draft", "suffix", "--suffix-cache-entries", "-2")

@@ -29,7 +29,15 @@ ALPHA = 1e-4
 V, K, T, TRIALS = 6, 3, 4, 6000
 
 
-def simulate(p: torch.Tensor, q: torch.Tensor | None, verify=verify_sampled, *, seed: int = 0, trials: int = TRIALS, draft_rule=None) -> torch.Tensor:
+def simulate(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    verify=verify_sampled,
+    *,
+    seed: int = 0,
+    trials: int = TRIALS,
+    draft_rule=None,
+) -> torch.Tensor:
     """Counts [T, V] of the token emitted at each output position.
 
     p: [T + K, V] target distribution per position; q: [T + K, V] draft distribution or None for a
@@ -109,7 +117,11 @@ def test_p_with_zeros():
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.3, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.2)],
+    [
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.2),
+    ],
     ids=["top_k", "top_p", "min_p"],
 )
 def test_filtered_distributions(params):
@@ -119,7 +131,9 @@ def test_filtered_distributions(params):
     assert_target_distribution(simulate(p, q, seed=5), p)
 
 
-def simulate_draft_model(p: torch.Tensor, q: torch.Tensor, confidence: float, *, seed: int, trials: int = TRIALS) -> tuple[torch.Tensor, Counter]:
+def simulate_draft_model(
+    p: torch.Tensor, q: torch.Tensor, confidence: float, *, seed: int, trials: int = TRIALS
+) -> tuple[torch.Tensor, Counter]:
     """As simulate, with the draft from a real DraftModelProposer whose model's next-token
     distribution at output position t is q[t], stopping at its first token with q < confidence:
     draft lengths depend on the drafted tokens. Returns (counts [T, V], draft lengths seen)."""

@@ -10,6 +10,10 @@ from spekula.backends.base import Backend, Capabilities, Sequence
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 
+TRANSFORMERS = "transformers"
+NATIVE = "native"
+LLAMACPP = "llamacpp"
+
 # runtime name -> loader(hf_dir, name, config, gguf_path)
 Loader = Callable[[Path, str, BackendConfig, "Path | None"], Backend]
 
@@ -30,21 +34,34 @@ def _llamacpp(path: Path, name: str, config: BackendConfig, gguf_path: Path | No
     from spekula.backends.llamacpp import LlamaCppBackend
 
     if gguf_path is None:
-        raise ConfigError(f"the llamacpp backend runs GGUF files; {name!r} has none. Pass a catalogue name or a .gguf path")
+        raise ConfigError(
+            f"the llamacpp backend runs GGUF files; {name!r} has none. Pass a catalogue name or a .gguf path"
+        )
     return LlamaCppBackend(gguf_path, name=name, config=config)
 
 
 BACKENDS: dict[str, Loader] = {
-    "transformers": _transformers,
-    "native": _native,
-    "llamacpp": _llamacpp,
+    TRANSFORMERS: _transformers,
+    NATIVE: _native,
+    LLAMACPP: _llamacpp,
 }
 
 
-def load_backend(kind: str, path: Path, name: str, config: BackendConfig = BackendConfig(), gguf_path: Path | None = None) -> Backend:
+def load_backend(
+    kind: str, path: Path, name: str, config: BackendConfig = BackendConfig(), gguf_path: Path | None = None
+) -> Backend:
     if kind not in BACKENDS:
         raise ConfigError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     return BACKENDS[kind](Path(path), name, config, gguf_path)
 
 
-__all__ = ["Backend", "Capabilities", "Sequence", "BACKENDS", "load_backend"]
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "Sequence",
+    "BACKENDS",
+    "LLAMACPP",
+    "NATIVE",
+    "TRANSFORMERS",
+    "load_backend",
+]

@@ -30,7 +30,9 @@ class TransformersBackend(Backend):
         self.eos_token_ids = frozenset(_eos_ids(model))
 
     @classmethod
-    def load(cls, path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig()) -> "TransformersBackend":
+    def load(
+        cls, path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig()
+    ) -> "TransformersBackend":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoModelForCausalLM

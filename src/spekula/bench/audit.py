@@ -98,8 +98,13 @@ class AuditReport:
         }
 
 
-def audit_greedy(contenders: list[Contender], items: list[WorkItem], prompt_ids: dict[str, list[int]], max_tokens: int | None,
-                 progress=None) -> list[GreedyCase]:
+def audit_greedy(
+    contenders: list[Contender],
+    items: list[WorkItem],
+    prompt_ids: dict[str, list[int]],
+    max_tokens: int | None,
+    progress=None,
+) -> list[GreedyCase]:
     """Greedy output of every speculative contender against the plain one (contenders[0])."""
     plain, spec = contenders[0], contenders[1:]
     greedy = SamplingParams()
@@ -116,12 +121,26 @@ def audit_greedy(contenders: list[Contender], items: list[WorkItem], prompt_ids:
     return cases
 
 
-def compare_tokens(config: str, prompt_id: str, reference: list[int], output: list[int], target=None, prompt_ids: list[int] | None = None) -> GreedyCase:
+def compare_tokens(
+    config: str,
+    prompt_id: str,
+    reference: list[int],
+    output: list[int],
+    target=None,
+    prompt_ids: list[int] | None = None,
+) -> GreedyCase:
     if output == reference:
         return GreedyCase(config, prompt_id, True, len(reference))
     i = next((j for j, (a, b) in enumerate(zip(reference, output)) if a != b), min(len(reference), len(output)))
-    case = GreedyCase(config, prompt_id, False, len(reference), i,
-                      reference[i] if i < len(reference) else "<end>", output[i] if i < len(output) else "<end>")
+    case = GreedyCase(
+        config,
+        prompt_id,
+        False,
+        len(reference),
+        i,
+        reference[i] if i < len(reference) else "<end>",
+        output[i] if i < len(output) else "<end>",
+    )
     if target is not None and prompt_ids is not None:
         logits = target.new_sequence().forward(prompt_ids + reference[:i], num_logits=1)[-1]
         top2 = torch.topk(logits.float(), 2).values
@@ -135,11 +154,20 @@ def compare_texts(config: str, prompt_id: str, reference: str, output: str) -> G
     if output == reference:
         return GreedyCase(config, prompt_id, True, len(reference))
     i = next((j for j, (a, b) in enumerate(zip(reference, output)) if a != b), min(len(reference), len(output)))
-    return GreedyCase(config, prompt_id, False, len(reference), i, reference[i:i + 20], output[i:i + 20])
+    return GreedyCase(config, prompt_id, False, len(reference), i, reference[i : i + 20], output[i : i + 20])
 
 
-def audit_distribution(contenders: list[Contender], items: list[WorkItem], prompt_ids: dict[str, list[int]], sampling: SamplingParams, *,
-                       samples: int, positions: int, seed: int = 0, progress=None) -> list[DistributionTest]:
+def audit_distribution(
+    contenders: list[Contender],
+    items: list[WorkItem],
+    prompt_ids: dict[str, list[int]],
+    sampling: SamplingParams,
+    *,
+    samples: int,
+    positions: int,
+    seed: int = 0,
+    progress=None,
+) -> list[DistributionTest]:
     """Chi-square tests of the speculative sampler against the target's exact p at `positions` positions."""
     plain, spec = contenders[0], contenders[1:]
     target = plain.engine.target
@@ -167,7 +195,9 @@ def audit_distribution(contenders: list[Contender], items: list[WorkItem], promp
                     pvalue = chi_square_pvalue(counts, p)
                 except AssertionError as e:  # a token the target gives probability 0 was emitted
                     pvalue, note = 0.0, str(e)
-                tests.append(DistributionTest(c.name, item.id, j, [int(t) for t in prefix], len(matching), pvalue, note))
+                tests.append(
+                    DistributionTest(c.name, item.id, j, [int(t) for t in prefix], len(matching), pvalue, note)
+                )
     return tests
 
 
@@ -175,32 +205,45 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
     lines = []
     if report.greedy:
         same = sum(c.identical for c in report.greedy)
-        lines.append(f"greedy equality (in-process): {same}/{len(report.greedy)} outputs identical to plain decoding -> "
-                     f"{'PASS' if all(c.identical for c in report.greedy) else 'FAIL'}")
+        lines.append(
+            f"greedy equality (in-process): {same}/{len(report.greedy)} outputs identical to plain decoding -> "
+            f"{'PASS' if all(c.identical for c in report.greedy) else 'FAIL'}"
+        )
         lines += [_difference(c) for c in report.greedy if not c.identical][:20]
     if report.endpoint_greedy:
         same = sum(c.identical for c in report.endpoint_greedy)
-        lines.append(f"greedy equality (endpoints): {same}/{len(report.endpoint_greedy)} outputs identical to the baseline endpoint -> "
-                     f"{'PASS' if all(c.identical for c in report.endpoint_greedy) else 'FAIL'}")
+        lines.append(
+            f"greedy equality (endpoints): {same}/{len(report.endpoint_greedy)} outputs identical to the baseline "
+            "endpoint -> "
+            f"{'PASS' if all(c.identical for c in report.endpoint_greedy) else 'FAIL'}"
+        )
         lines += [_difference(c) for c in report.endpoint_greedy if not c.identical][:20]
     if report.endpoint_errors:
         n = len(report.endpoint_errors)
-        lines.append(f"endpoint requests: {n} failed; their prompts are not compared, so nothing is claimed about them "
-                     "-> INCOMPLETE")
+        lines.append(
+            f"endpoint requests: {n} failed; their prompts are not compared, so nothing is claimed about them "
+            "-> INCOMPLETE"
+        )
         lines += [f"  ERROR: {e['config']} on {e['prompt_id']}: {e['error']}" for e in report.endpoint_errors][:20]
     if report.distribution:
         t = sampling
         how = f" at temperature {t.temperature}, top-p {t.top_p}, top-k {t.top_k}, min-p {t.min_p}" if t else ""
         worst = min(report.distribution, key=lambda x: x.pvalue)
         lines.append(
-            f"sampled distribution{how}: {len(report.distribution)} chi-square tests against the target's exact probabilities, "
-            f"smallest p-value {worst.pvalue:.3g} ({worst.config}, {worst.prompt_id}, position {worst.position}, {worst.samples} samples); "
-            f"threshold {report.threshold:.3g} = level {report.level} / {len(report.distribution)} tests (Bonferroni; false-failure rate <= {report.level}) -> "
+            f"sampled distribution{how}: {len(report.distribution)} chi-square tests against the target's exact "
+            "probabilities, "
+            f"smallest p-value {worst.pvalue:.3g} ({worst.config}, {worst.prompt_id}, position {worst.position}, "
+            f"{worst.samples} samples); "
+            f"threshold {report.threshold:.3g} = level {report.level} / {len(report.distribution)} tests (Bonferroni; "
+            f"false-failure rate <= {report.level}) -> "
             f"{'PASS' if report.distribution_passed else 'FAIL'}"
         )
         for x in report.distribution:
             flag = "" if x.pvalue >= report.threshold else "   <- FAIL"
-            lines.append(f"  {x.config:<24} {x.prompt_id:<28} position {x.position}  n={x.samples:<5} p={x.pvalue:.4g}{flag}" + (f"  ({x.note})" if x.note else ""))
+            lines.append(
+                f"  {x.config:<24} {x.prompt_id:<28} position {x.position}  n={x.samples:<5} p={x.pvalue:.4g}{flag}"
+                + (f"  ({x.note})" if x.note else "")
+            )
     incomplete = f" ({len(report.endpoint_errors)} endpoint request(s) failed)" if report.endpoint_errors else ""
     lines.append(f"audit: {'PASS' if report.passed else 'FAIL'}{incomplete}")
     return "\n".join(lines)
@@ -209,5 +252,17 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
 def _difference(c: GreedyCase) -> str:
     if c.first_difference is None:
         return f"  NOTHING TO COMPARE: {c.config} on {c.prompt_id}: both outputs are empty"
-    gap = f"; target's top-2 logit gap there {c.top2_logit_gap:.4g}" + (" (a near tie: numerics, see --dtype float32)" if c.top2_logit_gap is not None and c.top2_logit_gap < 1e-2 else "") if c.top2_logit_gap is not None else ""
-    return f"  DIFFERENT: {c.config} on {c.prompt_id}: first difference at output position {c.first_difference}: plain {c.plain_token!r}, speculative {c.spec_token!r}{gap}"
+    gap = (
+        f"; target's top-2 logit gap there {c.top2_logit_gap:.4g}"
+        + (
+            " (a near tie: numerics, see --dtype float32)"
+            if c.top2_logit_gap is not None and c.top2_logit_gap < 1e-2
+            else ""
+        )
+        if c.top2_logit_gap is not None
+        else ""
+    )
+    return (
+        f"  DIFFERENT: {c.config} on {c.prompt_id}: first difference at output position {c.first_difference}: "
+        f"plain {c.plain_token!r}, speculative {c.spec_token!r}{gap}"
+    )

@@ -16,7 +16,6 @@ from spekula.options import (
     add_model_options,
     add_sampling_options,
     backend_from_args,
-    draft_backend_from_args,
     parse_k,
     sampling_from_args,
 )
@@ -24,8 +23,9 @@ from spekula.options import (
 SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram|suffix, "
     "k=N (k=2/4/8 measures several), k_max=N (k=auto's longest draft), ngram_max=, ngram_min=, "
-    "confidence=P (a draft model stops its draft at a token it gives < P), name=LABEL; keys not given take "
-    "--draft / --k / --k-max / --ngram-max / --ngram-min / --draft-confidence. "
+    "confidence=P (a draft model stops its draft at a token it gives < P), backend=native|transformers|llamacpp "
+    "(this configuration's target runs on that runtime, loaded once more), name=LABEL; keys not given take "
+    "--draft / --k / --k-max / --ngram-max / --ngram-min / --draft-confidence, and the run's --backend. "
     "Repeatable. Default: one configuration from --draft and --k. draft=none,name=LABEL measures plain decoding "
     "again under LABEL: an A/A control that shows this machine's noise"
 )
@@ -37,14 +37,18 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
 
 # -- options ----------------------------------------------------------------------------------------
 
+
 def add_workload_options(p: argparse.ArgumentParser, per_category: int | None, max_tokens: int | None) -> None:
     p.add_argument(
-        "--workload", default="builtin",
+        "--workload",
+        default="builtin",
         help="JSON Lines file (prompt or messages, optional category, max_tokens), or 'builtin' (default)",
     )
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument(
-        "--per-category", type=int, default=per_category,
+        "--per-category",
+        type=int,
+        default=per_category,
         help=f"first N prompts of each category (default {per_category or 'all'})",
     )
     p.add_argument("--limit", type=int, default=None, help="at most N prompts in all")
@@ -53,7 +57,8 @@ def add_workload_options(p: argparse.ArgumentParser, per_category: int | None, m
         "--max-tokens", type=int, default=max_tokens, help=f"cap on each prompt's max_tokens (default {default})"
     )
     p.add_argument(
-        "--chat", action="store_true",
+        "--chat",
+        action="store_true",
         help="wrap plain `prompt` lines in the chat template (`messages` lines always are)",
     )
 
@@ -68,25 +73,33 @@ def add_endpoint_options(p: argparse.ArgumentParser) -> None:
         "--endpoint", default=None, metavar="URL", help="measure this endpoint, e.g. http://127.0.0.1:8000/v1"
     )
     g.add_argument(
-        "--baseline-endpoint", default=None, metavar="URL",
+        "--baseline-endpoint",
+        default=None,
+        metavar="URL",
         help="and compare it with this one (e.g. the same stack without speculation)",
     )
     g.add_argument("--model", default=None, help="model name to request from --endpoint (default: the first it lists)")
     g.add_argument(
-        "--baseline-model", default=None,
+        "--baseline-model",
+        default=None,
         help="model name for --baseline-endpoint (default: --model, else the first it lists)",
     )
     g.add_argument("--api-key", default=None, help="bearer token for both endpoints")
     g.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     g.add_argument(
-        "--requests", type=int, default=None,
+        "--requests",
+        type=int,
+        default=None,
         help="requests per endpoint (default: one per prompt; more cycles the prompts)",
     )
     g.add_argument(
         "--time-limit", type=float, default=None, metavar="S", help="start no request after S seconds per endpoint"
     )
     g.add_argument(
-        "--request-timeout", type=float, default=300.0, metavar="S",
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
         help="give up on one request after S seconds (default 300)",
     )
 
@@ -100,10 +113,11 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 def register_bench(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "bench", help="measure speculative decoding against plain decoding on a workload",
+        "bench",
+        help="measure speculative decoding against plain decoding on a workload",
         description="Runs plain decoding and each speculative configuration on every prompt (interleaved), prints a "
-                    "Markdown summary, writes results.json, report.html and plots to --out, and prints one JSON object "
-                    "as the last line.",
+        "Markdown summary, writes results.json, report.html and plots to --out, and prints one JSON object "
+        "as the last line.",
     )
     add_workload_options(p, per_category=None, max_tokens=None)
     add_spec_options(p)
@@ -113,11 +127,15 @@ def register_bench(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="run the whole workload N times (default 1)")
     p.add_argument("--no-warmup", action="store_true", help="skip the short warm-up request of each configuration")
     p.add_argument(
-        "--render", default=None, metavar="PROMPT_ID",
+        "--render",
+        default=None,
+        metavar="PROMPT_ID",
         help="prompt to render token by token in the report (default: a typical one)",
     )
     p.add_argument(
-        "--markdown-into", default=None, metavar="FILE",
+        "--markdown-into",
+        default=None,
+        metavar="FILE",
         help="also write the summary between the spekula bench markers of FILE (docs/BENCHMARKS.md)",
     )
     add_output_options(p)
@@ -128,10 +146,11 @@ def register_bench(sub: Any) -> argparse.ArgumentParser:
 
 def register_tune(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "tune", help="find the fastest proposer and k for a workload (or plain decoding)",
+        "tune",
+        help="find the fastest proposer and k for a workload (or plain decoding)",
         description="Measures every proposer x k on a sample of the workload, prints a table, recommends the "
-                    "configuration with the best throughput (plain decoding when none beats it by --min-speedup) "
-                    "and writes it as a config file for `spekula generate --config`.",
+        "configuration with the best throughput (plain decoding when none beats it by --min-speedup) "
+        "and writes it as a config file for `spekula generate --config`.",
     )
     add_workload_options(p, per_category=None, max_tokens=64)
     p.add_argument(
@@ -139,7 +158,8 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--sample-seed", type=int, default=0)
     p.add_argument(
-        "--drafts", default=None,
+        "--drafts",
+        default=None,
         help="comma-separated proposers to sweep: draft models and/or ngram (default: --draft and ngram)",
     )
     p.add_argument(
@@ -149,12 +169,16 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument(
-        "--min-speedup", type=float, default=1.05,
+        "--min-speedup",
+        type=float,
+        default=1.05,
         help="recommend speculation only at this throughput ratio or above (default 1.05)",
     )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument(
-        "--write-config", default=None, metavar="FILE",
+        "--write-config",
+        default=None,
+        metavar="FILE",
         help="where to write the chosen configuration (default <out>/tuned-config.json)",
     )
     add_output_options(p)
@@ -164,10 +188,11 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
 
 def register_audit(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "audit", help="check that speculative decoding is lossless on your models and prompts",
+        "audit",
+        help="check that speculative decoding is lossless on your models and prompts",
         description="Greedy equality of every speculative configuration with plain decoding over the workload, and "
-                    "chi-square tests of the sampled distribution against the target's exact probabilities. "
-                    "Exit status 0 = pass, 1 = fail.",
+        "chi-square tests of the sampled distribution against the target's exact probabilities. "
+        "Exit status 0 = pass, 1 = fail.",
     )
     add_workload_options(p, per_category=2, max_tokens=32)
     add_spec_options(p)
@@ -178,7 +203,9 @@ def register_audit(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--positions", type=int, default=3, help="output positions tested per prompt (default 3)")
     p.add_argument(
-        "--dist-prompts", type=int, default=2,
+        "--dist-prompts",
+        type=int,
+        default=2,
         help="prompts (the shortest) for the distribution test; 0 skips it (default 2)",
     )
     p.add_argument(
@@ -191,6 +218,7 @@ def register_audit(sub: Any) -> argparse.ArgumentParser:
 
 
 # -- shared -----------------------------------------------------------------------------------------
+
 
 def items_from_args(args: argparse.Namespace, sample: int | None = None, sample_seed: int = 0):
     from spekula.bench.workloads import load_workload, select
@@ -207,7 +235,8 @@ def choices_from_args(args: argparse.Namespace) -> list:
 
     if args.spec:
         return [
-            c for text in args.spec
+            c
+            for text in args.spec
             for c in parse_spec(
                 text, args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, args.k_max
             )
@@ -223,16 +252,21 @@ def load_contenders(args: argparse.Namespace, choices: list):
     """Load the target once, each draft model once; returns (contenders, codec, model identities)."""
     from spekula.bench.manifest import model_identity
     from spekula.bench.runner import DraftLoader, build_contenders
-    from spekula.pipeline import load_model
+    from spekula.pipeline import draft_backend_config, load_model
     from spekula.proposers import needs_model
 
     backend = backend_from_args(args)
     _log(f"loading target {args.target} ({backend.runtime}, {backend.dtype}) ...")
     target, codec = load_model(args.target, backend)
     loader = DraftLoader(
-        args.target, target, codec, backend, log=_log, draft_config=lambda name: draft_backend_from_args(args, name)
+        args.target,
+        target,
+        codec,
+        backend,
+        log=_log,
+        draft_config=lambda name, on: draft_backend_config(name, on, args.draft_backend),
     )
-    contenders = build_contenders(target, codec, choices, loader)
+    contenders = build_contenders(target, codec, choices, loader, loader.runtime)
     drafts = list(dict.fromkeys(c.draft for c in choices if not c.plain and needs_model(c.draft)))
     models = [model_identity(args.target, "target")] + [model_identity(d, "draft") for d in drafts]
     return contenders, codec, models
@@ -245,8 +279,11 @@ def out_dir(args: argparse.Namespace, kind: str) -> Path:
 
 
 def config_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The command's options, for the manifest."""
-    return {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}
+    """The command's options, for the manifest; --backend as it ran when nobody chose it."""
+    out = {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}
+    if out.get("backend", "") is None and "target" in out:
+        out["backend"] = backend_from_args(args).runtime
+    return out
 
 
 def _log(msg: str) -> None:
@@ -266,6 +303,7 @@ def _endpoints(args: argparse.Namespace):
 
 # -- handlers ---------------------------------------------------------------------------------------
 
+
 def cmd_bench(args: argparse.Namespace) -> int:
     require_extra("bench", "spekula bench")  # before minutes of model loading
     from spekula.bench import commands
@@ -279,8 +317,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.endpoint:
         endpoint, baseline, load = _endpoints(args)
         result, summary, paths = commands.bench_endpoints(
-            endpoint, baseline, items, load, workload_name=args.workload, out_dir=out, sampling=sampling,
-            max_tokens=args.max_tokens, chat=args.chat, progress=not args.no_progress, markdown_into=markdown_into,
+            endpoint,
+            baseline,
+            items,
+            load,
+            workload_name=args.workload,
+            out_dir=out,
+            sampling=sampling,
+            max_tokens=args.max_tokens,
+            chat=args.chat,
+            progress=not args.no_progress,
+            markdown_into=markdown_into,
             config=config_of(args),
         )
     else:
@@ -291,9 +338,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         names = ", ".join(c.name for c in contenders)
         _log(f"measuring {len(items)} prompts x {len(contenders)} configurations ({names}) ...")
         result, summary, paths = commands.bench_inprocess(
-            contenders, codec, items, target_name=args.target, models=models, workload_name=args.workload, out_dir=out,
-            sampling=sampling, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
-            repeats=args.repeats, warmup=not args.no_warmup, progress=not args.no_progress, render_id=args.render,
+            contenders,
+            codec,
+            items,
+            target_name=args.target,
+            models=models,
+            workload_name=args.workload,
+            out_dir=out,
+            sampling=sampling,
+            max_tokens=args.max_tokens,
+            ignore_eos=args.ignore_eos,
+            chat=args.chat,
+            repeats=args.repeats,
+            warmup=not args.no_warmup,
+            progress=not args.no_progress,
+            render_id=args.render,
             markdown_into=markdown_into,
             config=config_of(args),
         )
@@ -318,8 +377,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         else:
             drafts = list(dict.fromkeys([args.draft, "ngram"]))
         ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
-        choices = [choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)
-                   for d in drafts if d != "none" for k in ks if k != 0]
+        choices = [
+            choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)
+            for d in drafts
+            if d != "none"
+            for k in ks
+            if k != 0
+        ]
     if not choices:
         raise ConfigError("nothing to sweep: give --drafts and --ks (or --spec)")
     contenders, codec, models = load_contenders(args, choices)
@@ -327,15 +391,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
     config_path = Path(args.write_config) if args.write_config else out / "tuned-config.json"
     _log(f"sweeping {len(contenders) - 1} configurations + plain decoding on {len(items)} prompts ...")
     outcome, text, paths = commands.tune(
-        contenders, choices, codec, items, target_name=args.target, dtype=args.dtype, models=models,
-        workload_name=args.workload, out_dir=out, config_path=config_path, sampling=sampling_from_args(args),
-        max_tokens=args.max_tokens, min_speedup=args.min_speedup, repeats=args.repeats, progress=not args.no_progress,
+        contenders,
+        choices,
+        codec,
+        items,
+        target_name=args.target,
+        dtype=args.dtype,
+        models=models,
+        workload_name=args.workload,
+        out_dir=out,
+        config_path=config_path,
+        sampling=sampling_from_args(args),
+        max_tokens=args.max_tokens,
+        min_speedup=args.min_speedup,
+        repeats=args.repeats,
+        progress=not args.no_progress,
         config=config_of(args),
     )
     print(text)
-    print(json.dumps(
-        {"kind": "spekula-tune", "recommended": outcome["recommended"], "config": outcome["config"], **paths}
-    ))
+    print(
+        json.dumps(
+            {"kind": "spekula-tune", "recommended": outcome["recommended"], "config": outcome["config"], **paths}
+        )
+    )
     return 0
 
 
@@ -353,8 +431,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if not (args.endpoint and args.baseline_endpoint):
             raise ConfigError("auditing endpoints needs both --endpoint (speculative) and --baseline-endpoint (plain)")
         endpoint, baseline, load = _endpoints(args)
-        report = commands.audit_endpoints(endpoint, baseline, items, load, max_tokens=args.max_tokens, chat=args.chat,
-                                          progress=not args.no_progress, level=args.level)
+        report = commands.audit_endpoints(
+            endpoint,
+            baseline,
+            items,
+            load,
+            max_tokens=args.max_tokens,
+            chat=args.chat,
+            progress=not args.no_progress,
+            level=args.level,
+        )
         models = [
             {"role": "endpoint", "url": args.endpoint, "name": args.model},
             {"role": "baseline", "url": args.baseline_endpoint, "name": args.baseline_model or args.model},
@@ -364,26 +450,48 @@ def cmd_audit(args: argparse.Namespace) -> int:
         )
     else:
         if args.dtype != "float32":
-            _log(f"note: --dtype {args.dtype}: a verify pass and a one-token pass may round differently, so greedy "
-                 "near-ties can differ without a bug; float32 makes the greedy check exact")
+            _log(
+                f"note: --dtype {args.dtype}: a verify pass and a one-token pass may round differently, so greedy "
+                "near-ties can differ without a bug; float32 makes the greedy check exact"
+            )
         contenders, codec, models = load_contenders(args, choices_from_args(args))
         report = commands.audit(
-            contenders, codec, items, sampling=sampling, max_tokens=args.max_tokens, chat=args.chat,
-            samples=args.samples, positions=args.positions, dist_prompts=args.dist_prompts, level=args.level,
-            seed=args.seed or 0, progress=not args.no_progress,
+            contenders,
+            codec,
+            items,
+            sampling=sampling,
+            max_tokens=args.max_tokens,
+            chat=args.chat,
+            samples=args.samples,
+            positions=args.positions,
+            dist_prompts=args.dist_prompts,
+            level=args.level,
+            seed=args.seed or 0,
+            progress=not args.no_progress,
         )
         text = format_report(report, sampling)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "audit.json"
     seeds = {"distribution": {"base": args.seed or 0, "rule": "sample s uses seed base + s"}}
-    record = {"kind": "spekula-audit", **report.to_dict(),
-              "manifest": manifest(models=models, config=config_of(args), seeds=seeds)}
+    record = {
+        "kind": "spekula-audit",
+        **report.to_dict(),
+        "manifest": manifest(models=models, config=config_of(args), seeds=seeds),
+    }
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(text)
     print(f"results: {path}")
-    print(json.dumps({
-        "kind": "spekula-audit", "passed": report.passed, "greedy_passed": report.greedy_passed,
-        "distribution_passed": report.distribution_passed if report.distribution else None,
-        "min_pvalue": report.to_dict()["min_pvalue"], "threshold": report.threshold, "results": str(path),
-    }))
+    print(
+        json.dumps(
+            {
+                "kind": "spekula-audit",
+                "passed": report.passed,
+                "greedy_passed": report.greedy_passed,
+                "distribution_passed": report.distribution_passed if report.distribution else None,
+                "min_pvalue": report.to_dict()["min_pvalue"],
+                "threshold": report.threshold,
+                "results": str(path),
+            }
+        )
+    )
     return 0 if report.passed else 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,15 @@ from spekula.bench.endpoint import Endpoint, Load, run_endpoint
 from spekula.bench.manifest import manifest
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.results import result_dict, write_outputs
-from spekula.bench.runner import PLAIN, Contender, SpecChoice, encode_items, render_tokens, request_sampling, run_inprocess
+from spekula.bench.runner import (
+    PLAIN,
+    Contender,
+    SpecChoice,
+    encode_items,
+    render_tokens,
+    request_sampling,
+    run_inprocess,
+)
 from spekula.bench.workloads import WorkItem
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import ConfigError
@@ -48,13 +55,32 @@ def bench_inprocess(
     extra: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str, dict[str, str]]:
     """Run, summarise, write results.json / report.html / summary.md / plots. Returns (result, summary, paths)."""
-    results = run_inprocess(contenders, codec, items, sampling, max_tokens=max_tokens, ignore_eos=ignore_eos, chat=chat,
-                            repeats=repeats, warmup=warmup, progress=progress)
+    results = run_inprocess(
+        contenders,
+        codec,
+        items,
+        sampling,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        chat=chat,
+        repeats=repeats,
+        warmup=warmup,
+        progress=progress,
+    )
     configs = [c.choice.to_dict() for c in contenders]
     result = result_dict(
-        mode="in-process", target=target_name, configs=configs, baseline=PLAIN, workload_name=workload_name, items=items,
-        sampling=sampling, max_tokens=max_tokens, repeats=repeats, results=results,
-        manifest=manifest(models=models, config=config or {}, seeds=_seeds(sampling, items, repeats)), extra=extra,
+        mode="in-process",
+        target=target_name,
+        configs=configs,
+        baseline=PLAIN,
+        workload_name=workload_name,
+        items=items,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        results=results,
+        manifest=manifest(models=models, config=config or {}, seeds=_seeds(sampling, items, repeats)),
+        extra=extra,
     )
     result["render"] = _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id)
     summary, paths = write_outputs(result, out_dir, markdown_into)
@@ -63,11 +89,18 @@ def bench_inprocess(
 
 def _seeds(sampling: SamplingParams, items: list[WorkItem], repeats: int) -> dict[str, Any]:
     base = sampling.seed if sampling.seed is not None else 0
-    return {"base": base, "rule": "request seed = base + prompt index + 10007 * repeat (same for every configuration)",
-            "used": sampling.temperature > 0, "prompts": len(items), "repeats": repeats}
+    return {
+        "base": base,
+        "rule": "request seed = base + prompt index + 10007 * repeat (same for every configuration)",
+        "used": sampling.temperature > 0,
+        "prompts": len(items),
+        "repeats": repeats,
+    }
 
 
-def _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id) -> dict[str, Any] | None:
+def _render(
+    result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id
+) -> dict[str, Any] | None:
     """One output token by token: the given prompt, or the prompt with the median speedup under the
     configuration with the best median speedup (a typical output, not the best case)."""
     spec = [c for c in contenders if not c.plain]
@@ -79,9 +112,15 @@ def _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, 
     if render_id is not None:
         if render_id not in {i.id for i in items}:
             raise ConfigError(f"--render {render_id!r} is not a prompt id of this run")
-        item_id, why = render_id, f"{render_id} as asked (--render), under {best}, the configuration with the best median speedup"
+        item_id, why = (
+            render_id,
+            f"{render_id} as asked (--render), under {best}, the configuration with the best median speedup",
+        )
     else:
-        mine = sorted((r for r in result["requests"] if r["config"] == best and r["speedup"] is not None and r["repeat"] == 0), key=lambda r: r["speedup"])
+        mine = sorted(
+            (r for r in result["requests"] if r["config"] == best and r["speedup"] is not None and r["repeat"] == 0),
+            key=lambda r: r["speedup"],
+        )
         if not mine:
             return None
         item_id = mine[len(mine) // 2]["prompt_id"]
@@ -91,7 +130,11 @@ def _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, 
     ids = item.encode(codec, chat=chat)
     stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
     tokens = render_tokens(by_name[best], codec, ids, request_sampling(sampling, index, 0), stop)
-    prompt = item.prompt if item.prompt is not None else "\n\n".join(f"[{m['role']}] {m['content']}" for m in item.chat_messages())
+    prompt = (
+        item.prompt
+        if item.prompt is not None
+        else "\n\n".join(f"[{m['role']}] {m['content']}" for m in item.chat_messages())
+    )
     return {"config": best, "prompt_id": item_id, "why": why, "prompt": prompt, "tokens": tokens}
 
 
@@ -122,10 +165,24 @@ def bench_endpoints(
     base_name = baseline.name if baseline else endpoint.name
     attach_comparisons(results, base_name, sampling.greedy)
     models = [{"role": c["name"], "name": c["model"], "url": c["url"], "sha256": None} for c in configs]
-    load_d = {"concurrency": load.concurrency, "requests": load.requests, "time_limit_s": load.time_limit_s, "request_timeout_s": load.request_timeout_s}
+    load_d = {
+        "concurrency": load.concurrency,
+        "requests": load.requests,
+        "time_limit_s": load.time_limit_s,
+        "request_timeout_s": load.request_timeout_s,
+    }
     result = result_dict(
-        mode="endpoint", target=configs[-1]["model"], configs=configs, baseline=base_name, workload_name=workload_name, items=items,
-        sampling=sampling, max_tokens=max_tokens, repeats=1, results=results, walls=walls,
+        mode="endpoint",
+        target=configs[-1]["model"],
+        configs=configs,
+        baseline=base_name,
+        workload_name=workload_name,
+        items=items,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        repeats=1,
+        results=results,
+        walls=walls,
         manifest=manifest(models=models, config={**(config or {}), "load": load_d}, seeds=_seeds(sampling, items, 1)),
         extra={"load": load_d},
     )
@@ -156,23 +213,46 @@ def tune(
     if min_speedup <= 0:
         raise ConfigError(f"--min-speedup must be > 0, got {min_speedup}")
     result, _, paths = bench_inprocess(
-        contenders, codec, items, target_name=target_name, models=models, workload_name=workload_name, out_dir=out_dir,
-        sampling=sampling, max_tokens=max_tokens, repeats=repeats, progress=progress, config=config,
+        contenders,
+        codec,
+        items,
+        target_name=target_name,
+        models=models,
+        workload_name=workload_name,
+        out_dir=out_dir,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        progress=progress,
+        config=config,
     )
     rows = tuning.table(result["summary"], choices)
     choice, reason = tuning.recommend(rows, choices, min_speedup)
     tuned = tuning.tuned_config(choice, target_name, dtype, sampling)
     tuning.write_config(tuned, config_path)
-    outcome = {"kind": "spekula-tune", "recommended": choice.name, "reason": reason, "min_speedup": min_speedup,
-               "config": tuned, "config_path": str(config_path), "table": rows, "bench_results": paths["results"],
-               "manifest": result["manifest"]}
+    outcome = {
+        "kind": "spekula-tune",
+        "recommended": choice.name,
+        "reason": reason,
+        "min_speedup": min_speedup,
+        "config": tuned,
+        "config_path": str(config_path),
+        "table": rows,
+        "bench_results": paths["results"],
+        "manifest": result["manifest"],
+    }
     (out_dir / "tune.json").write_text(json.dumps(outcome, indent=1) + "\n")
-    text = "\n".join([
-        f"## spekula tune: {target_name}, {len(items)} prompts, {'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}",
-        "", tuning.format_table(rows, choice.name), "",
-        f"recommended: {reason}",
-        f"wrote {config_path}: use it with `spekula generate --config {config_path}`",
-    ])
+    text = "\n".join(
+        [
+            f"## spekula tune: {target_name}, {len(items)} prompts, "
+            f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}",
+            "",
+            tuning.format_table(rows, choice.name),
+            "",
+            f"recommended: {reason}",
+            f"wrote {config_path}: use it with `spekula generate --config {config_path}`",
+        ]
+    )
     return outcome, text, {**paths, "tune": str(out_dir / "tune.json"), "config_file": str(config_path)}
 
 
@@ -202,33 +282,62 @@ def audit(
     if len(contenders) < 2:
         raise ConfigError("nothing to audit: give at least one speculative configuration (--draft / --spec)")
     if sampling.greedy and dist_prompts:
-        raise ConfigError("the distribution test needs sampling: pass --temperature > 0 (or --dist-prompts 0 for the greedy check only)")
+        raise ConfigError(
+            "the distribution test needs sampling: pass --temperature > 0 (or --dist-prompts 0 for the greedy check "
+            "only)"
+        )
     ids = encode_items(items, codec, chat)
     shortest = sorted(items, key=lambda i: len(ids[i.id]))[:dist_prompts]
     spec = len(contenders) - 1
-    bar = tqdm(total=len(items) * spec + len(shortest) * spec * samples, file=sys.stderr, disable=not progress, unit="run", dynamic_ncols=True)
+    bar = tqdm(
+        total=len(items) * spec + len(shortest) * spec * samples,
+        file=sys.stderr,
+        disable=not progress,
+        unit="run",
+        dynamic_ncols=True,
+    )
     with bar:
-        tick: Callable[[], None] = lambda: bar.update(1)
+
+        def tick() -> None:
+            bar.update(1)
+
         report = AuditReport(level)
         report.greedy = audit_greedy(contenders, items, ids, max_tokens, progress=tick)
         if shortest:
-            report.distribution = audit_distribution(contenders, shortest, ids, sampling, samples=samples, positions=positions, seed=seed, progress=tick)
+            report.distribution = audit_distribution(
+                contenders, shortest, ids, sampling, samples=samples, positions=positions, seed=seed, progress=tick
+            )
     return report
 
 
-def audit_endpoints(endpoint: Endpoint, baseline: Endpoint, items: list[WorkItem], load: Load, *, max_tokens: int | None, chat: bool = False,
-                    progress: bool = True, level: float = 0.01) -> AuditReport:
+def audit_endpoints(
+    endpoint: Endpoint,
+    baseline: Endpoint,
+    items: list[WorkItem],
+    load: Load,
+    *,
+    max_tokens: int | None,
+    chat: bool = False,
+    progress: bool = True,
+    level: float = 0.01,
+) -> AuditReport:
     """Greedy equality of two deployments, prompt by prompt (text: an HTTP API returns no token ids)."""
     greedy = SamplingParams()
     base, _, _ = run_endpoint(baseline, items, greedy, load, max_tokens=max_tokens, chat=chat, progress=progress)
     mine, _, _ = run_endpoint(endpoint, items, greedy, load, max_tokens=max_tokens, chat=chat, progress=progress)
     report = AuditReport(level)
     # A failed request (including an answer that is not whole) is an error, and its prompt is compared on neither side.
-    report.endpoint_errors = [{"config": r.config, "prompt_id": r.prompt_id, "repeat": r.repeat, "error": r.error}
-                              for r in base + mine if not r.ok]
+    report.endpoint_errors = [
+        {"config": r.config, "prompt_id": r.prompt_id, "repeat": r.repeat, "error": r.error}
+        for r in base + mine
+        if not r.ok
+    ]
     ref = {(r.prompt_id, r.repeat): r.text for r in base if r.ok}
-    report.endpoint_greedy = [compare_texts(endpoint.name, r.prompt_id, ref[(r.prompt_id, r.repeat)], r.text)
-                              for r in mine if r.ok and (r.prompt_id, r.repeat) in ref]
+    report.endpoint_greedy = [
+        compare_texts(endpoint.name, r.prompt_id, ref[(r.prompt_id, r.repeat)], r.text)
+        for r in mine
+        if r.ok and (r.prompt_id, r.repeat) in ref
+    ]
     return report
 
 

@@ -67,19 +67,39 @@ def normalise_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def run_endpoint(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingParams, load: Load, *, max_tokens: int | None = None,
-                 chat: bool = False, progress: bool = True) -> tuple[list[RequestResult], float, str]:
+def run_endpoint(
+    endpoint: Endpoint,
+    items: list[WorkItem],
+    sampling: SamplingParams,
+    load: Load,
+    *,
+    max_tokens: int | None = None,
+    chat: bool = False,
+    progress: bool = True,
+) -> tuple[list[RequestResult], float, str]:
     """Returns (results, wall seconds of the whole phase, the model name used)."""
     return asyncio.run(_run(endpoint, items, sampling, load, max_tokens, chat, progress))
 
 
-async def _run(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingParams, load: Load, max_tokens: int | None, chat: bool,
-               progress: bool) -> tuple[list[RequestResult], float, str]:
+async def _run(
+    endpoint: Endpoint,
+    items: list[WorkItem],
+    sampling: SamplingParams,
+    load: Load,
+    max_tokens: int | None,
+    chat: bool,
+    progress: bool,
+) -> tuple[list[RequestResult], float, str]:
     with needs_extra("bench", "measuring an endpoint"):
         from openai import AsyncOpenAI
         from tqdm import tqdm
 
-    client = AsyncOpenAI(base_url=normalise_url(endpoint.url), api_key=endpoint.api_key or "none", timeout=load.request_timeout_s, max_retries=0)
+    client = AsyncOpenAI(
+        base_url=normalise_url(endpoint.url),
+        api_key=endpoint.api_key or "none",
+        timeout=load.request_timeout_s,
+        max_retries=0,
+    )
     try:
         model = endpoint.model or await discover_model(client, endpoint.url)
         total = load.requests or len(items)
@@ -87,7 +107,9 @@ async def _run(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingPara
         results: list[RequestResult | None] = [None] * total
         start = time.perf_counter()
         deadline = start + load.time_limit_s if load.time_limit_s else None
-        bar = tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", desc=endpoint.name, dynamic_ncols=True)
+        bar = tqdm(
+            total=total, file=sys.stderr, disable=not progress, unit="req", desc=endpoint.name, dynamic_ncols=True
+        )
 
         async def one(i: int) -> None:
             async with semaphore:
@@ -97,12 +119,26 @@ async def _run(endpoint: Endpoint, items: list[WorkItem], sampling: SamplingPara
                 repeat = i // len(items)
                 try:
                     r = await asyncio.wait_for(
-                        _request(client, model, item, request_sampling(sampling, i % len(items), repeat), item.max_tokens_under(max_tokens), chat),
+                        _request(
+                            client,
+                            model,
+                            item,
+                            request_sampling(sampling, i % len(items), repeat),
+                            item.max_tokens_under(max_tokens),
+                            chat,
+                        ),
                         timeout=load.request_timeout_s,
                     )
                 except Exception as e:  # one failed request is a result, not the end of the run
-                    r = RequestResult(item.id, item.category, endpoint.name, RequestStats(finish_reason="error"), "", None,
-                                      error=f"{type(e).__name__}: {e}"[:300])
+                    r = RequestResult(
+                        item.id,
+                        item.category,
+                        endpoint.name,
+                        RequestStats(finish_reason="error"),
+                        "",
+                        None,
+                        error=f"{type(e).__name__}: {e}"[:300],
+                    )
                 r.config, r.repeat, r.order = endpoint.name, repeat, i
                 results[i] = r
                 bar.update(1)
@@ -130,7 +166,9 @@ class IncompleteResponse(Exception):
     """The server answered 200 but the answer is not whole (see the module docstring)."""
 
 
-async def _request(client: Any, model: str, item: WorkItem, sampling: SamplingParams, max_tokens: int, chat: bool) -> RequestResult:
+async def _request(
+    client: Any, model: str, item: WorkItem, sampling: SamplingParams, max_tokens: int, chat: bool
+) -> RequestResult:
     kwargs: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -183,11 +221,13 @@ async def _request(client: Any, model: str, item: WorkItem, sampling: SamplingPa
         missing = " and ".join(x for x, ok in (("a finish_reason", finish is not None), ("[DONE]", done)) if not ok)
         raise IncompleteResponse(
             f"the stream ended without {missing} after {len(pieces)} text chunk(s): the server cut it short "
-            "(llama_cpp.server does so when another request arrives, unless it runs with --interrupt_requests False)")
+            "(llama_cpp.server does so when another request arrives, unless it runs with --interrupt_requests False)"
+        )
     if not text:
         raise IncompleteResponse(
             f"an empty completion (finish_reason {finish!r}) where up to {max_tokens} tokens were asked for: "
-            "nothing to time or compare")
+            "nothing to time or compare"
+        )
     counted = usage.get("completion_tokens") if isinstance(usage, dict) else None
     stats = RequestStats(
         prompt_tokens=int(usage.get("prompt_tokens") or 0) if isinstance(usage, dict) else 0,

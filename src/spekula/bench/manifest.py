@@ -13,7 +13,20 @@ from typing import Any
 
 from spekula.extras import needs_extra
 
-PACKAGES = ("spekula", "torch", "transformers", "numpy", "scipy", "safetensors", "tokenizers", "openai", "httpx", "tqdm", "matplotlib", "psutil")
+PACKAGES = (
+    "spekula",
+    "torch",
+    "transformers",
+    "numpy",
+    "scipy",
+    "safetensors",
+    "tokenizers",
+    "openai",
+    "httpx",
+    "tqdm",
+    "matplotlib",
+    "psutil",
+)
 
 
 def model_identity(name: str, role: str) -> dict[str, Any]:
@@ -96,10 +109,17 @@ def git_commit() -> dict[str, Any]:
     """The commit of the checkout spekula runs from (read-only git commands); None when not a checkout."""
     root = Path(__file__).resolve().parents[3]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if commit.returncode != 0:
             return {"commit": None}
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None}

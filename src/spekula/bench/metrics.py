@@ -148,8 +148,8 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def attach_comparisons(results: list[RequestResult], baseline: str, greedy: bool) -> None:
-    """Fill `speedup`, `decode_speedup` (and, when greedy, `identical`) of every result against the baseline's run of the
-    same prompt in the same repeat."""
+    """Fill `speedup`, `decode_speedup` (and, when greedy, `identical`) of every result against the
+    baseline's run of the same prompt in the same repeat."""
     base = {(r.prompt_id, r.repeat): r for r in results if r.config == baseline and r.ok}
     for r in results:
         b = base.get((r.prompt_id, r.repeat))
@@ -173,7 +173,9 @@ def failed_keys(results: Iterable[RequestResult]) -> set[tuple[str, int]]:
 
 
 def summarise(
-    results: list[RequestResult], wall_s: float | None = None, failed: set[tuple[str, int]] | None = None,
+    results: list[RequestResult],
+    wall_s: float | None = None,
+    failed: set[tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
     """One group's numbers over its whole requests on prompts outside `failed` (default: the group's own failures).
     wall_s: the wall time the group took when its requests overlapped (endpoints under concurrency); throughput is
@@ -218,11 +220,19 @@ def summarise(
         "cpu_s_per_1k_tokens": 1000.0 * sum(cpu) / merged.output_tokens if cpu and merged.output_tokens else None,
         "peak_rss_bytes": max(rss) if rss else None,
         "steps_by_k": dict(sorted(merged.k_chosen.items())),
-        "stage_s": {"prefill": merged.prefill_s, "draft": merged.draft_s, "score": merged.score_s, "accept": merged.accept_s, "advance": merged.advance_s},
+        "stage_s": {
+            "prefill": merged.prefill_s,
+            "draft": merged.draft_s,
+            "score": merged.score_s,
+            "accept": merged.accept_s,
+            "advance": merged.advance_s,
+        },
     }
 
 
-def summarise_by_config(results: list[RequestResult], configs: list[str], walls: dict[str, float] | None = None) -> dict[str, Any]:
+def summarise_by_config(
+    results: list[RequestResult], configs: list[str], walls: dict[str, float] | None = None
+) -> dict[str, Any]:
     """{config: {"overall": {...}, "categories": {category: {...}}}}, categories in first-seen order."""
     out: dict[str, Any] = {}
     cats = list(dict.fromkeys(r.category for r in results))
@@ -231,7 +241,10 @@ def summarise_by_config(results: list[RequestResult], configs: list[str], walls:
         mine = [r for r in results if r.config == name]
         out[name] = {
             "overall": summarise(mine, (walls or {}).get(name), failed),
-            "categories": {c: summarise([r for r in mine if r.category == c], failed=failed)
-                           for c in cats if any(r.category == c for r in mine)},
+            "categories": {
+                c: summarise([r for r in mine if r.category == c], failed=failed)
+                for c in cats
+                if any(r.category == c for r in mine)
+            },
         }
     return out

@@ -34,6 +34,7 @@ KIND_WORDS = {
 
 # -- Markdown ---------------------------------------------------------------------------------------
 
+
 def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level: int = 2) -> str:
     """The summary printed on stdout; `images`: plot name -> path to link (docs); `level`: of the
     top heading (3 when it goes under a section of a larger document)."""
@@ -44,31 +45,46 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
     s = result["summary"]
     w = result["workload"]
     samp = result["sampling"]
-    mode = "greedy" if samp["temperature"] == 0 else f"temperature {samp['temperature']}, top-p {samp['top_p']}, top-k {samp['top_k']}, min-p {samp['min_p']}"
+    mode = (
+        "greedy"
+        if samp["temperature"] == 0
+        else f"temperature {samp['temperature']}, top-p {samp['top_p']}, top-k {samp['top_k']}, min-p {samp['min_p']}"
+    )
     lines = [
         f"{h1} spekula bench: {result['target']}",
         "",
-        f"{w['prompts']} prompts ({w['name']}; {len(w['categories'])} categories) x {len(configs)} configurations, {mode}, "
-        f"max_tokens <= {result['max_tokens'] if result.get('max_tokens') else 'per prompt'}, {result.get('repeats', 1)} repeat(s); "
+        f"{w['prompts']} prompts ({w['name']}; {len(w['categories'])} categories) x {len(configs)} configurations, "
+        f"{mode}, "
+        f"max_tokens <= {result['max_tokens'] if result.get('max_tokens') else 'per prompt'}, "
+        f"{result.get('repeats', 1)} repeat(s); "
         f"baseline: {baseline}.",
         "",
-        "| configuration | tok/s | speedup median [p10, p90] | decode-only speedup median [p10, p90] | α | τ | TTFT p50 (s) | TPOT p50 (ms) | latency p50 / p90 / p99 (s) | wasted drafts | steps by k | identical to baseline | CPU-s / 1k tok | peak RSS (MiB) |",
+        "| configuration | tok/s | speedup median [p10, p90] | decode-only speedup median [p10, p90] | α | τ | TTFT "
+        "p50 (s) | TPOT p50 (ms) | latency p50 / p90 / p99 (s) | wasted drafts | steps by k | identical to baseline "
+        "| CPU-s / 1k tok | peak RSS (MiB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in configs:
         o = s[name]["overall"]
         sp = o["speedup"]
         lines.append(
-            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_speedup(o['decode_speedup'])} | {_f(o['alpha'])} | {_f(o['tau'])} | "
+            f"| {name} | {_f(o['throughput_tokens_per_s'])} | {_speedup(sp)} | {_speedup(o['decode_speedup'])} | "
+            f"{_f(o['alpha'])} | {_f(o['tau'])} | "
             f"{_f(o['ttft_s']['p50'])} | {_f(_ms(o['tpot_s']['p50']))} | "
             f"{_f(o['latency_s']['p50'])} / {_f(o['latency_s']['p90'])} / {_f(o['latency_s']['p99'])} | "
-            f"{_wasted(o)} | {_steps(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | {_mib(o['peak_rss_bytes'])} |"
+            f"{_wasted(o)} | {_steps(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | "
+            f"{_mib(o['peak_rss_bytes'])} |"
         )
     lines += _failures(result)
     if spec:
         cats = w["categories"]
-        lines += ["", f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α)", "",
-                  "| category | " + " | ".join(spec) + " |", "|---|" + "---|" * len(spec)]
+        lines += [
+            "",
+            f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α)",
+            "",
+            "| category | " + " | ".join(spec) + " |",
+            "|---|" + "---|" * len(spec),
+        ]
         for cat in cats:
             cells = []
             for name in spec:
@@ -77,11 +93,18 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
             lines.append(f"| {cat} | " + " | ".join(cells) + " |")
         depth = max((len(s[n]["overall"]["acceptance_by_position"]) for n in spec), default=0)
         if depth:
-            lines += ["", f"{h2} Acceptance by draft position", "",
-                      "| configuration | " + " | ".join(str(i + 1) for i in range(depth)) + " |", "|---|" + "---|" * depth]
+            lines += [
+                "",
+                f"{h2} Acceptance by draft position",
+                "",
+                "| configuration | " + " | ".join(str(i + 1) for i in range(depth)) + " |",
+                "|---|" + "---|" * depth,
+            ]
             for name in spec:
                 acc = s[name]["overall"]["acceptance_by_position"]
-                lines.append(f"| {name} | " + " | ".join(_f(acc[i]) if i < len(acc) else "" for i in range(depth)) + " |")
+                lines.append(
+                    f"| {name} | " + " | ".join(_f(acc[i]) if i < len(acc) else "" for i in range(depth)) + " |"
+                )
     for name, path in (images or {}).items():
         lines += ["", f"![{PLOT_TITLES.get(name, name)}]({path})"]
     return "\n".join(lines) + "\n"
@@ -96,8 +119,11 @@ def _failures(result: dict[str, Any]) -> list[str]:
     wall = ""
     if result["mode"] == "endpoint":
         wall = " (tok/s over wall time is n/a where any was left out: the wall time includes them)"
-    lines = ["", "Failed requests are errors, left out of every column; so are the other configurations' runs of the "
-             f"same prompt, so every row is computed over the same prompts{wall}."]
+    lines = [
+        "",
+        "Failed requests are errors, left out of every column; so are the other configurations' runs of the "
+        f"same prompt, so every row is computed over the same prompts{wall}.",
+    ]
     for name in names:
         o = s[name]["overall"]
         first = next((r["error"] for r in result["requests"] if r["config"] == name and r.get("error")), None)
@@ -123,10 +149,13 @@ def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
             "errors": o["errors"],
             "excluded": o.get("excluded", 0),
         }
-    return json.dumps({"kind": result["kind"], "mode": result["mode"], "baseline": result["baseline"], "configs": configs, **paths})
+    return json.dumps(
+        {"kind": result["kind"], "mode": result["mode"], "baseline": result["baseline"], "configs": configs, **paths}
+    )
 
 
 # -- plots ----------------------------------------------------------------------------------------
+
 
 def plots(result: dict[str, Any]) -> dict[str, bytes]:
     """PNG bytes per plot name; plots without data (e.g. acceptance for endpoints) are left out."""
@@ -196,8 +225,17 @@ def plots(result: dict[str, Any]) -> dict[str, bytes]:
             points.sort(key=lambda p: p[0])
             ks = [k for k, _ in points]
             med = [sp["median"] for _, sp in points]
-            ax.errorbar(ks, med, yerr=[[m - sp["p10"] for m, (_, sp) in zip(med, points)], [sp["p90"] - m for m, (_, sp) in zip(med, points)]],
-                        marker="o", capsize=3, label=proposer)
+            ax.errorbar(
+                ks,
+                med,
+                yerr=[
+                    [m - sp["p10"] for m, (_, sp) in zip(med, points)],
+                    [sp["p90"] - m for m, (_, sp) in zip(med, points)],
+                ],
+                marker="o",
+                capsize=3,
+                label=proposer,
+            )
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xlabel("k (tokens drafted per step)")
         ax.set_ylabel("speedup (x)")
@@ -229,21 +267,36 @@ def write_plots(pngs: dict[str, bytes], folder: Path) -> dict[str, Path]:
 
 # -- HTML -----------------------------------------------------------------------------------------
 
+
 def html_report(result: dict[str, Any], pngs: dict[str, bytes]) -> str:
     """One file, no external resources: tables, plots as data: URIs, the rendered output, the manifest."""
     body = [_md_tables_to_html(markdown(result))]
     for name, data in pngs.items():
         b64 = base64.b64encode(data).decode("ascii")
-        body.append(f'<figure><img alt="{html.escape(PLOT_TITLES.get(name, name))}" src="data:image/png;base64,{b64}"><figcaption>{html.escape(PLOT_TITLES.get(name, name))}</figcaption></figure>')
+        body.append(
+            f'<figure><img alt="{html.escape(PLOT_TITLES.get(name, name))}" '
+            f'src="data:image/png;base64,{b64}">'
+            f"<figcaption>{html.escape(PLOT_TITLES.get(name, name))}</figcaption></figure>"
+        )
     render = result.get("render")
     if render and render.get("tokens"):
         body.append(render_html(render))
     body.append(requests_html(result))
     errors = [r for r in result["requests"] if r.get("error")]
     if errors:
-        body.append("<h3>Failed requests</h3><ul>" + "".join(f"<li>{html.escape(r['config'])} / {html.escape(r['prompt_id'])}: {html.escape(r['error'])}</li>" for r in errors[:50]) + "</ul>")
-    body.append("<details><summary>Manifest (models, packages, machine, configuration, seeds, commit)</summary><pre>"
-                + html.escape(json.dumps(result["manifest"], indent=2)) + "</pre></details>")
+        body.append(
+            "<h3>Failed requests</h3><ul>"
+            + "".join(
+                f"<li>{html.escape(r['config'])} / {html.escape(r['prompt_id'])}: {html.escape(r['error'])}</li>"
+                for r in errors[:50]
+            )
+            + "</ul>"
+        )
+    body.append(
+        "<details><summary>Manifest (models, packages, machine, configuration, seeds, commit)</summary><pre>"
+        + html.escape(json.dumps(result["manifest"], indent=2))
+        + "</pre></details>"
+    )
     title = f"spekula bench: {html.escape(str(result['target']))}"
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
@@ -253,43 +306,87 @@ table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
-.tokens {{ white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.6; border: 1px solid #ddd; padding: 1em; }}
+.tokens {{ white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.6;
+  border: 1px solid #ddd; padding: 1em; }}
 .tok {{ border-radius: 2px; }}
-{''.join(f'.{k} {{ background: {v}; }} ' for k, v in KIND_COLOURS.items())}
+{"".join(f".{k} {{ background: {v}; }} " for k, v in KIND_COLOURS.items())}
 .legend span {{ padding: 0.1em 0.5em; margin-right: 0.5em; }}
 </style></head><body>
-{''.join(body)}
+{"".join(body)}
 </body></html>
 """
 
 
 def requests_html(result: dict[str, Any]) -> str:
     """Every request, one row each, in the order they ran."""
-    head = ["#", "prompt", "category", "configuration", "tokens", "tok/s", "speedup", "decode speedup", "α", "τ", "TTFT (s)", "TPOT (ms)", "identical", "finish"]
+    head = [
+        "#",
+        "prompt",
+        "category",
+        "configuration",
+        "tokens",
+        "tok/s",
+        "speedup",
+        "decode speedup",
+        "α",
+        "τ",
+        "TTFT (s)",
+        "TPOT (ms)",
+        "identical",
+        "finish",
+    ]
     rows = []
     for r in sorted(result["requests"], key=lambda r: (r["repeat"], r["order"])):
         st = r["stats"]
         ident = "" if r["identical"] is None else ("yes" if r["identical"] else "NO")
-        cells = [r["order"], r["prompt_id"], r["category"], r["config"], st["output_tokens"], _f(r["tokens_per_s"]),
-                 _f(r["speedup"]), _f(r["decode_speedup"]), _f(st.get("alpha")), _f(st.get("tau")), _f(r["ttft_s"]), _f(_ms(r["tpot_s"])), ident,
-                 r["error"] or st.get("finish_reason") or ""]
+        cells = [
+            r["order"],
+            r["prompt_id"],
+            r["category"],
+            r["config"],
+            st["output_tokens"],
+            _f(r["tokens_per_s"]),
+            _f(r["speedup"]),
+            _f(r["decode_speedup"]),
+            _f(st.get("alpha")),
+            _f(st.get("tau")),
+            _f(r["ttft_s"]),
+            _f(_ms(r["tpot_s"])),
+            ident,
+            r["error"] or st.get("finish_reason") or "",
+        ]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    return (f"<details><summary>Every request ({len(rows)})</summary><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
-            + "".join(rows) + "</table></details>")
+    return (
+        f"<details><summary>Every request ({len(rows)})</summary><table><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table></details>"
+    )
 
 
 def render_html(render: dict[str, Any]) -> str:
     tokens = render["tokens"]
     counts = {k: sum(1 for t in tokens if t["kind"] == k) for k in KIND_COLOURS}
-    legend = "".join(f'<span class="{k}">{html.escape(KIND_WORDS[k])}: {counts[k]}</span>' for k in KIND_COLOURS if counts[k])
+    legend = "".join(
+        f'<span class="{k}">{html.escape(KIND_WORDS[k])}: {counts[k]}</span>' for k in KIND_COLOURS if counts[k]
+    )
     spans = []
     for t in tokens:
-        tip = f"{KIND_WORDS[t['kind']]}; token {t['token']}; p={t['p']:.3f}" + (f", q={t['q']:.3f}" if t.get("q") is not None else "")
+        tip = f"{KIND_WORDS[t['kind']]}; token {t['token']}; p={t['p']:.3f}" + (
+            f", q={t['q']:.3f}" if t.get("q") is not None else ""
+        )
         spans.append(f'<span class="tok {t["kind"]}" title="{html.escape(tip)}">{html.escape(t["text"])}</span>')
-    return (f"<h3>One output, token by token: {html.escape(render['config'])} on {html.escape(render['prompt_id'])}</h3>"
-            f"<p>{html.escape(render.get('why', ''))}</p>"
-            + (f"<details><summary>prompt</summary><pre class=\"tokens\">{html.escape(render['prompt'])}</pre></details>" if render.get("prompt") else "")
-            + f"<p class=\"legend\">{legend}</p><div class=\"tokens\">{''.join(spans)}</div>")
+    return (
+        f"<h3>One output, token by token: {html.escape(render['config'])} on {html.escape(render['prompt_id'])}</h3>"
+        f"<p>{html.escape(render.get('why', ''))}</p>"
+        + (
+            f'<details><summary>prompt</summary><pre class="tokens">{html.escape(render["prompt"])}</pre></details>'
+            if render.get("prompt")
+            else ""
+        )
+        + f'<p class="legend">{legend}</p><div class="tokens">{"".join(spans)}</div>'
+    )
 
 
 def _md_tables_to_html(md: str) -> str:
@@ -300,8 +397,13 @@ def _md_tables_to_html(md: str) -> str:
     def flush() -> None:
         if table:
             head, rows = table[0], table[2:]
-            out.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+            out.append(
+                "<table><tr>"
+                + "".join(f"<th>{html.escape(c)}</th>" for c in head)
+                + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+                + "</table>"
+            )
             table.clear()
 
     for line in md.splitlines():

@@ -30,12 +30,15 @@ from spekula.text import IncrementalDetokenizer
 from spekula.trace import ListTrace
 
 PLAIN = "plain"
-SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "name")
+WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped before any measured one
+RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
+SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "backend", "name")
 
 
 @dataclass(frozen=True)
 class SpecChoice:
-    """One configuration as a user writes it: a proposer ('ngram', a draft model, 'none') and k."""
+    """One configuration as a user writes it: a proposer ('ngram', a draft model, 'none') and k, and the
+    runtime the target runs on (None: the run's own, shared with the plain baseline)."""
 
     draft: str
     k: int | None  # None = auto: the cost-model controller chooses k step by step
@@ -44,11 +47,25 @@ class SpecChoice:
     label: str | None = None
     confidence: float | None = None  # a draft model's draft_confidence (SpecConfig)
     k_max: int = K_MAX  # k=auto's longest draft (SpecConfig)
+    backend: str | None = None  # a runtime name (spekula.backends.BACKENDS)
 
     def __post_init__(self) -> None:
-        SpecConfig(k=self.k, k_max=self.k_max, ngram_max=self.ngram_max, ngram_min=self.ngram_min, draft_confidence=self.confidence)  # validates
+        from spekula.backends import BACKENDS
+
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r} in --spec; choose one of {', '.join(BACKENDS)}")
+        SpecConfig(
+            k=self.k,
+            k_max=self.k_max,
+            ngram_max=self.ngram_max,
+            ngram_min=self.ngram_min,
+            draft_confidence=self.confidence,
+        )  # validates
         if self.confidence is not None and not needs_model(self.draft):
-            raise ConfigError(f"confidence= stops a draft model's draft; {self.draft!r} is not a draft model. Drop it from this --spec")
+            raise ConfigError(
+                f"confidence= stops a draft model's draft; {self.draft!r} is not a draft model. Drop it from this "
+                "--spec"
+            )
 
     @property
     def plain(self) -> bool:
@@ -62,50 +79,86 @@ class SpecChoice:
     def name(self) -> str:
         if self.label:
             return self.label
+        on = "" if self.backend is None else f" backend={self.backend}"
         if self.plain:
-            return PLAIN
+            return PLAIN + on
         short = self.draft.rstrip("/").rsplit("/", 1)[-1]
-        extra = f" n={self.ngram_min}-{self.ngram_max}" if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (1, 4) else ""
+        extra = (
+            f" n={self.ngram_min}-{self.ngram_max}"
+            if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (1, 4)
+            else ""
+        )
         if self.k is None and self.k_max != K_MAX:
             extra += f" k_max={self.k_max}"
         if self.confidence is not None:
             extra += f" conf={self.confidence:g}"
-        return f"{short} k={self.k_text}{extra}"
+        return f"{short} k={self.k_text}{extra}{on}"
 
     def spec_config(self) -> SpecConfig:
-        return SpecConfig(k=0 if self.plain else self.k, k_max=self.k_max, ngram_max=self.ngram_max, ngram_min=self.ngram_min,
-                          draft_confidence=None if self.plain else self.confidence)
+        return SpecConfig(
+            k=0 if self.plain else self.k,
+            k_max=self.k_max,
+            ngram_max=self.ngram_max,
+            ngram_min=self.ngram_min,
+            draft_confidence=None if self.plain else self.confidence,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "draft": NONE if self.plain else self.draft, "k": 0 if self.plain else ("auto" if self.k is None else self.k),
-                "k_max": self.k_max, "ngram_max": self.ngram_max, "ngram_min": self.ngram_min, "draft_confidence": self.confidence}
+        return {
+            "name": self.name,
+            "draft": NONE if self.plain else self.draft,
+            "k": 0 if self.plain else ("auto" if self.k is None else self.k),
+            "k_max": self.k_max,
+            "ngram_max": self.ngram_max,
+            "ngram_min": self.ngram_min,
+            "draft_confidence": self.confidence,
+            "backend": self.backend,
+        }
 
 
 PLAIN_CHOICE = SpecChoice(NONE, 0)
 
 
-def choice_with_defaults(draft: str, k: int | None, ngram_max: int = 4, ngram_min: int = 1, confidence: float | None = None,
-                         label: str | None = None, k_max: int = K_MAX) -> SpecChoice:
+def choice_with_defaults(
+    draft: str,
+    k: int | None,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    confidence: float | None = None,
+    label: str | None = None,
+    k_max: int = K_MAX,
+    backend: str | None = None,
+) -> SpecChoice:
     """A SpecChoice from a command's defaults: --draft-confidence applies to draft models only, so it
     is dropped for n-gram lookup or plain decoding rather than refused."""
-    return SpecChoice(draft, k, ngram_max, ngram_min, label, confidence if needs_model(draft) else None, k_max)
+    conf = confidence if needs_model(draft) else None
+    return SpecChoice(draft, k, ngram_max, ngram_min, label, conf, k_max, backend)
 
 
 def parse_spec(
-    text: str, default_draft: str, default_k: int | None, ngram_max: int = 4, ngram_min: int = 1, confidence: float | None = None,
+    text: str,
+    default_draft: str,
+    default_k: int | None,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    confidence: float | None = None,
     k_max: int = K_MAX,
 ) -> list[SpecChoice]:
     """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
-    lets the cost model choose).
+    lets the cost model choose). backend=RUNTIME runs this configuration's target on that runtime (one
+    more load of the target), so runtimes are measured interleaved in one run.
 
     Keys not given take the command's --draft / --k / --k-max / --ngram-max / --ngram-min, and
-    --draft-confidence for a draft model."""
+    --draft-confidence for a draft model; without backend= the target runs on the run's runtime."""
     fields: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or key not in SPEC_KEYS or not value.strip():
-            raise ConfigError(f"bad --spec {text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)} (e.g. draft=ngram,k=4/8)")
+            raise ConfigError(
+                f"bad --spec {text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)} (e.g. "
+                "draft=ngram,k=4/8)"
+            )
         if key in fields:
             raise ConfigError(f"bad --spec {text!r}: {key} given twice")
         fields[key] = value.strip()
@@ -123,15 +176,18 @@ def parse_spec(
     except ValueError:
         raise ConfigError(f"bad --spec {text!r}: confidence takes a probability, e.g. confidence=0.4") from None
     if "k_max" in fields and any(k is not None for k in k_values):
-        raise ConfigError(f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them")
+        raise ConfigError(
+            f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them"
+        )
     label = fields.get("name")
+    backend = fields.get("backend")
     choices = []
     for k in k_values:
         name = label if label is None or len(k_values) == 1 else f"{label} k={'auto' if k is None else k}"
         if conf is None:
-            choices.append(choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max))
+            choices.append(choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max, backend))
         else:
-            choices.append(SpecChoice(draft, k, nmax, nmin, name, conf, k_max))
+            choices.append(SpecChoice(draft, k, nmax, nmin, name, conf, k_max, backend))
     return choices
 
 
@@ -155,31 +211,61 @@ class Contender:
         """The token-level engine this configuration runs (audit works below the text layer)."""
         return self.pipeline.plain_engine if self.plain else self.pipeline.engine
 
-    def start(self, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig, recorder=None):
-        return self.pipeline.start(prompt_ids, sampling, stop, recorder=recorder, plain=self.plain)
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig, recorder=None, namespace=""):
+        """namespace: whose earlier outputs the proposer may draft from (run_inprocess: one per repeat)."""
+        return self.pipeline.start(prompt_ids, sampling, stop, recorder=recorder, plain=self.plain, namespace=namespace)
+
+    def forget(self, namespace: str) -> None:
+        """Drop the proposer's memory of `namespace`'s requests (the suffix proposer's cache)."""
+        if not self.plain and self.pipeline.engine.proposer is not None:
+            self.pipeline.engine.proposer.forget(namespace)
 
 
-def build_contenders(target: Backend, codec: Any, choices: list[SpecChoice], load_draft: Callable[[str], Backend] | None) -> list[Contender]:
+# runtime name -> (the target on that runtime, a draft loader for a target on that runtime)
+RuntimeLoader = Callable[[str], tuple[Backend, Callable[[str], Backend]]]
+
+
+def build_contenders(
+    target: Backend,
+    codec: Any,
+    choices: list[SpecChoice],
+    load_draft: Callable[[str], Backend] | None,
+    load_runtime: RuntimeLoader | None = None,
+) -> list[Contender]:
     """Plain decoding first, then every speculative choice (duplicates by name refused).
 
-    Plain decoding is always measured, as the baseline. A plain choice given its own name
-    (`--spec draft=none,name=plain-again`) runs as one more configuration: an A/A control, whose
-    per-prompt "speedup" (ideally 1.00x) shows how far this machine's noise alone moves a ratio."""
+    Plain decoding on the run's runtime is always measured, as the baseline. A plain choice given its
+    own name (`--spec draft=none,name=plain-again`) runs as one more configuration: an A/A control, whose
+    per-prompt "speedup" (ideally 1.00x) shows how far this machine's noise alone moves a ratio. A choice
+    with backend= runs over load_runtime's target for that runtime (e.g. `draft=none,backend=native`:
+    plain decoding on another runtime, measured against the same baseline)."""
+
+    def runtime_of(choice: SpecChoice) -> tuple[Backend, Callable[[str], Backend] | None]:
+        if choice.backend is None:
+            return target, load_draft
+        if load_runtime is None:
+            raise ConfigError(f"--spec backend={choice.backend} needs a runner that can load the target again")
+        return load_runtime(choice.backend)
+
     def plain(choice: SpecChoice) -> Contender:
-        return Contender(choice, Pipeline(target, codec, None, choice.spec_config(), draft_name=NONE))
+        on = runtime_of(choice)[0]
+        return Contender(choice, Pipeline(on, codec, None, choice.spec_config(), draft_name=NONE))
 
     out = [plain(PLAIN_CHOICE)]
     for choice in choices:
         if choice.plain and choice.name == PLAIN:
             continue  # the baseline, already there
         if any(c.name == choice.name for c in out):
-            raise ConfigError(f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name=")
+            raise ConfigError(
+                f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name="
+            )
         if choice.plain:
             out.append(plain(choice))
             continue
         spec = choice.spec_config()
-        proposer = build_proposer(choice.draft, spec, target=target, load_draft=load_draft)
-        pipe = Pipeline(target, codec, proposer, spec, draft_name=choice.draft)
+        on, drafts = runtime_of(choice)
+        proposer = build_proposer(choice.draft, spec, target=on, load_draft=drafts)
+        pipe = Pipeline(on, codec, proposer, spec, draft_name=choice.draft)
         if spec.k is None:
             pipe.engine.calibrate()  # as Pipeline.load does: no measured request pays for it
         out.append(Contender(choice, pipe))
@@ -187,22 +273,47 @@ def build_contenders(target: Backend, codec: Any, choices: list[SpecChoice], loa
 
 
 class DraftLoader:
-    """Loads each draft model once and refuses a different vocabulary, as Pipeline.load does.
-    draft_config(name): how that draft runs (default: like the target, which then counts as loaded)."""
+    """Loads each (model, runtime) once and refuses a draft of a different vocabulary, as Pipeline.load
+    does. draft_config(name, target_config): how that draft runs beside a target that runs so (default:
+    like the target, which then counts as loaded). Calling it loads a draft for the run's own target;
+    runtime(name) loads the target on another runtime, for a --spec backend=."""
 
     def __init__(
-        self, target_name: str, target: Backend, codec: Any, config: BackendConfig,
-        log: Callable[[str], None] = lambda m: None, draft_config: Callable[[str], BackendConfig] | None = None,
+        self,
+        target_name: str,
+        target: Backend,
+        codec: Any,
+        config: BackendConfig,
+        log: Callable[[str], None] = lambda m: None,
+        draft_config: Callable[[str, BackendConfig], BackendConfig] | None = None,
     ) -> None:
         self.codec = codec
         self.config = config
-        self.draft_config = draft_config or (lambda name: config)
+        self.draft_config = draft_config or (lambda name, target_config: target_config)
         self.log = log
         self.target_name = target_name
         self.loaded: dict[tuple[str, BackendConfig], Backend] = {(target_name, config): target}
 
     def __call__(self, name: str) -> Backend:
-        config = self.draft_config(name)
+        return self.draft(name, self.config)
+
+    def runtime(self, runtime: str) -> tuple[Backend, Callable[[str], Backend]]:
+        """The target on `runtime` (the run's own when it runs there already), and its draft loader.
+        llama.cpp computes in the GGUF's own types, so it gets dtype float32 (a placeholder)."""
+        from spekula.backends import LLAMACPP
+
+        dtype = "float32" if runtime == LLAMACPP else self.config.dtype
+        config = replace(self.config, runtime=runtime, dtype=dtype)
+        key = (self.target_name, config)
+        if key not in self.loaded:
+            from spekula.pipeline import load_model
+
+            self.log(f"loading target {self.target_name} ({config.runtime}, {config.dtype}) ...")
+            self.loaded[key] = load_model(self.target_name, config)[0]
+        return self.loaded[key], lambda name: self.draft(name, config)
+
+    def draft(self, name: str, target_config: BackendConfig) -> Backend:
+        config = self.draft_config(name, target_config)
         if (name, config) not in self.loaded:
             from spekula.pipeline import load_model
 
@@ -210,7 +321,8 @@ class DraftLoader:
             backend, codec = load_model(name, config)
             if codec.vocabulary_fingerprint() != self.codec.vocabulary_fingerprint():
                 raise ConfigError(
-                    f"draft {name!r} and target {self.target_name!r} have different vocabularies (their tokenizers map text "
+                    f"draft {name!r} and target {self.target_name!r} have different vocabularies (their tokenizers "
+                    "map text "
                     "to different ids); choose a draft of the same family, or draft=ngram"
                 )
             self.loaded[(name, config)] = backend
@@ -251,6 +363,13 @@ class PeakRss:
 
     def peak(self) -> int:
         return max(self._peak, self.current())
+
+
+def repeat_namespace(repeat: int) -> str:
+    """The proposer's memory of one repeat's requests (the suffix proposer drafts from earlier requests'
+    outputs): within a repeat, later prompts draft from earlier prompts' outputs, as on a server; a
+    repeat never drafts an earlier repeat's output of the same prompt, which would inflate its speedup."""
+    return f"repeat-{repeat}"
 
 
 def request_sampling(sampling: SamplingParams, index: int, repeat: int) -> SamplingParams:
@@ -294,51 +413,95 @@ def run_inprocess(
     if warmup:  # one-off costs (allocator, thread pool, lazy imports) must hit no measurement
         first = ids[items[0].id][-16:]  # a short prompt: a long prefill would warm nothing more
         for c in contenders:
-            c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True)).result()
+            c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True), namespace=WARMUP).result()
+            c.forget(WARMUP)  # its output is the first prompt's own continuation: no measured request drafts it
     results: list[RequestResult] = []
-    bar = tqdm(total=len(items) * len(contenders) * repeats, file=sys.stderr, disable=not progress, unit="req", dynamic_ncols=True)
+    bar = tqdm(
+        total=len(items) * len(contenders) * repeats,
+        file=sys.stderr,
+        disable=not progress,
+        unit="req",
+        dynamic_ncols=True,
+    )
     with PeakRss() as rss, bar:
         for repeat in range(repeats):
+            namespace = repeat_namespace(repeat)
             for index, item in enumerate(items):
                 shift = (index + repeat) % len(contenders)
                 for c in contenders[shift:] + contenders[:shift]:
                     bar.set_postfix_str(f"{item.id} / {c.name}", refresh=False)
                     sampling_i = request_sampling(sampling, index, repeat)
                     stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
-                    r = measure(c, item, ids[item.id], sampling_i, stop, rss)
+                    r = measure(c, item, ids[item.id], sampling_i, stop, rss, namespace=namespace)
                     r.repeat, r.order = repeat, len(results)
                     results.append(r)
                     if on_result is not None:
                         on_result(r)
                     bar.update(1)
+            for c in contenders:
+                c.forget(namespace)
     attach_comparisons(results, PLAIN, sampling.greedy)
+    if sampling.greedy:
+        identity_on_own_runtime(results, contenders)
     return results
 
 
-def measure(c: Contender, item: WorkItem, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig, rss: PeakRss | None = None) -> RequestResult:
+def identity_on_own_runtime(results: list[RequestResult], contenders: list[Contender]) -> None:
+    """A speculative contender with backend= is lossless against plain decoding on ITS runtime (runtimes
+    round differently): where the run has a plain contender on that runtime, `identical` compares with
+    that one instead of the baseline. Speed still compares with the baseline."""
+    plain_on = {c.choice.backend: c.name for c in contenders if c.plain and c.choice.backend is not None}
+    base_of = {c.name: plain_on.get(c.choice.backend) for c in contenders if not c.plain}
+    by_key = {(r.config, r.prompt_id, r.repeat): r for r in results if r.ok}
+    for r in results:
+        b = by_key.get((base_of.get(r.config), r.prompt_id, r.repeat))
+        if b is not None and r.ok and r.token_ids is not None and b.token_ids is not None:
+            r.identical = r.token_ids == b.token_ids
+
+
+def measure(
+    c: Contender,
+    item: WorkItem,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    stop: StopConfig,
+    rss: PeakRss | None = None,
+    namespace: str = "",
+) -> RequestResult:
     if rss is not None:
         rss.reset()
     cpu0 = time.process_time()
-    done = c.start(prompt_ids, sampling, stop).result()
+    done = c.start(prompt_ids, sampling, stop, namespace=namespace).result()
     cpu = time.process_time() - cpu0
     return RequestResult(
-        prompt_id=item.id, category=item.category, config=c.name, stats=done.stats, text=done.text,
-        token_ids=list(done.token_ids), cpu_s=cpu, peak_rss_bytes=rss.peak() if rss is not None else None,
+        prompt_id=item.id,
+        category=item.category,
+        config=c.name,
+        stats=done.stats,
+        text=done.text,
+        token_ids=list(done.token_ids),
+        cpu_s=cpu,
+        peak_rss_bytes=rss.peak() if rss is not None else None,
     )
 
 
-def render_tokens(c: Contender, codec: Any, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig) -> list[dict[str, Any]]:
+def render_tokens(
+    c: Contender, codec: Any, prompt_ids: list[int], sampling: SamplingParams, stop: StopConfig, namespace: str = RENDER
+) -> list[dict[str, Any]]:
     """Run once more with a step trace (untimed) and return the output token by token, each with its
     kind: 'accepted' (drafted and kept), or 'recovered' / 'bonus' / 'plain' (made by the target)."""
     trace = ListTrace()
-    done = c.start(prompt_ids, sampling, stop, recorder=trace).result()
+    done = c.start(prompt_ids, sampling, stop, recorder=trace, namespace=namespace).result()
+    c.forget(namespace)
     detok = IncrementalDetokenizer(codec, prompt_ids)
     tokens: list[dict[str, Any]] = []
     for step in trace.steps:
         kinds = ["accepted"] * step.accepted + [step.next_kind]
         probs = [(d.p, d.q) for d in step.drafted[: step.accepted]] + [(step.next_p, None)]
         for token, kind, (p, q) in zip(step.emitted, kinds, probs):
-            tokens.append({"token": token, "text": detok.feed([token]), "kind": kind, "step": step.step, "p": p, "q": q})
+            tokens.append(
+                {"token": token, "text": detok.feed([token]), "kind": kind, "step": step.step, "p": p, "q": q}
+            )
     if tokens:
         tokens[-1]["text"] += detok.flush()
     if [t["token"] for t in tokens] != done.token_ids:  # a stop string cut the text: keep what was emitted

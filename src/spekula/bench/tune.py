@@ -16,7 +16,20 @@ from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice
 from spekula.config import SamplingParams
 
 # The keys `spekula generate --config FILE` reads: generate's option names with underscores.
-CONFIG_KEYS = ("target", "draft", "k", "k_max", "dtype", "temperature", "top_p", "top_k", "min_p", "ngram_max", "ngram_min", "draft_confidence")
+CONFIG_KEYS = (
+    "target",
+    "draft",
+    "k",
+    "k_max",
+    "dtype",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "ngram_max",
+    "ngram_min",
+    "draft_confidence",
+)
 
 
 def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, Any]]:
@@ -26,18 +39,20 @@ def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, 
     for c in [PLAIN_CHOICE] + [c for c in choices if not c.plain]:
         o = summary[c.name]["overall"]
         tps = o["throughput_tokens_per_s"]
-        rows.append({
-            **c.to_dict(),
-            "tokens_per_s": tps,
-            "throughput_ratio": tps / plain_tps if tps and plain_tps else None,
-            "speedup_median": o["speedup"]["median"],
-            "speedup_p10": o["speedup"]["p10"],
-            "speedup_p90": o["speedup"]["p90"],
-            "alpha": o["alpha"],
-            "tau": o["tau"],
-            "identical": o["identical_to_plain"],
-            "compared": o["compared_to_plain"],
-        })
+        rows.append(
+            {
+                **c.to_dict(),
+                "tokens_per_s": tps,
+                "throughput_ratio": tps / plain_tps if tps and plain_tps else None,
+                "speedup_median": o["speedup"]["median"],
+                "speedup_p10": o["speedup"]["p10"],
+                "speedup_p90": o["speedup"]["p90"],
+                "alpha": o["alpha"],
+                "tau": o["tau"],
+                "identical": o["identical_to_plain"],
+                "compared": o["compared_to_plain"],
+            }
+        )
     rows[1:] = sorted(rows[1:], key=lambda r: -(r["tokens_per_s"] or 0.0))
     return rows
 
@@ -51,12 +66,15 @@ def recommend(rows: list[dict[str, Any]], choices: list[SpecChoice], min_speedup
     ratio = best["throughput_ratio"] or 0.0
     if ratio < min_speedup:
         return PLAIN_CHOICE, (
-            f"plain decoding: the fastest speculative configuration, {best['name']}, reached {ratio:.2f}x plain decoding's "
-            f"throughput ({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), below the required {min_speedup:.2f}x"
+            f"plain decoding: the fastest speculative configuration, {best['name']}, reached {ratio:.2f}x plain "
+            "decoding's "
+            f"throughput ({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), below the required "
+            f"{min_speedup:.2f}x"
         )
     choice = next(c for c in choices if c.name == best["name"])
     return choice, (
-        f"{best['name']}: {ratio:.2f}x plain decoding's throughput ({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), "
+        f"{best['name']}: {ratio:.2f}x plain decoding's throughput ({best['tokens_per_s']:.2f} vs "
+        f"{plain['tokens_per_s']:.2f} tok/s), "
         f"median per-prompt speedup {best['speedup_median']:.2f}x, α {_f(best['alpha'])}, τ {_f(best['tau'])}"
     )
 
@@ -94,7 +112,8 @@ def format_table(rows: list[dict[str, Any]], recommended: str) -> str:
         ident = "n/a" if r["compared"] is None else f"{r['identical']}/{r['compared']}"
         lines.append(
             f"| {r['name']}{mark} | {_f(r['tokens_per_s'])} | {_f(r['throughput_ratio'])}x | "
-            f"{_f(r['speedup_median'])}x [{_f(r['speedup_p10'])}, {_f(r['speedup_p90'])}] | {_f(r['alpha'])} | {_f(r['tau'])} | {ident} |"
+            f"{_f(r['speedup_median'])}x [{_f(r['speedup_p10'])}, {_f(r['speedup_p90'])}] | {_f(r['alpha'])} | "
+            f"{_f(r['tau'])} | {ident} |"
         )
     return "\n".join(lines)
 

@@ -26,6 +26,9 @@ from spekula.errors import ConfigError
 
 BUILTIN = "builtin"
 # The suite's categories, in the order reports show them; each is one file in bench/suite/.
+# The multi-turn edit sessions are two categories so that the per-category table reports their later
+# turns (whose context already holds the file twice) on a row of their own: repeat-editing holds each
+# session's first turn (`<session>-turn1`), repeat-editing-later the turns after it (`<session>-turn2`).
 BUILTIN_CATEGORIES = (
     "code-completion",
     "code-editing",
@@ -33,6 +36,8 @@ BUILTIN_CATEGORIES = (
     "summarization-qa",
     "open-chat",
     "creative-writing",
+    "repeat-editing",
+    "repeat-editing-later",
 )
 ROLES = ("system", "user", "assistant")
 KEYS = {"id", "prompt", "messages", "category", "max_tokens", "source", "metadata"}
@@ -98,7 +103,11 @@ def builtin_workload() -> list[WorkItem]:
     items: list[WorkItem] = []
     for category in BUILTIN_CATEGORIES:
         f = folder / f"{category}.jsonl"
-        items.extend(parse_lines(f.read_text(encoding="utf-8").splitlines(), name=f"builtin:{category}.jsonl", default_category=category))
+        items.extend(
+            parse_lines(
+                f.read_text(encoding="utf-8").splitlines(), name=f"builtin:{category}.jsonl", default_category=category
+            )
+        )
     return items
 
 
@@ -121,51 +130,62 @@ def _parse_item(line: str, where: str, default_id: str, default_category: str) -
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise WorkloadError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+        raise WorkloadError(
+            f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+        ) from None
     if not isinstance(obj, dict):
-        raise WorkloadError(f"{where}: expected a JSON object like {{\"prompt\": \"...\"}}, got {type(obj).__name__}")
+        raise WorkloadError(f'{where}: expected a JSON object like {{"prompt": "..."}}, got {type(obj).__name__}')
     unknown = sorted(set(obj) - KEYS)
     if unknown:
-        raise WorkloadError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(KEYS))}")
+        raise WorkloadError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(KEYS))}"
+        )
     has_prompt, has_messages = "prompt" in obj, "messages" in obj
     if has_prompt == has_messages:
-        raise WorkloadError(f"{where}: give exactly one of \"prompt\" (text) or \"messages\" (chat), " + ("not both" if has_prompt else "neither was given"))
+        raise WorkloadError(
+            f'{where}: give exactly one of "prompt" (text) or "messages" (chat), '
+            + ("not both" if has_prompt else "neither was given")
+        )
     prompt = messages = None
     if has_prompt:
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
-            raise WorkloadError(f"{where}: \"prompt\" must be a non-empty string")
+            raise WorkloadError(f'{where}: "prompt" must be a non-empty string')
     else:
         messages = _messages(obj["messages"], where)
     category = obj.get("category", default_category)
     if not isinstance(category, str) or not category.strip():
-        raise WorkloadError(f"{where}: \"category\" must be a non-empty string, got {category!r}")
+        raise WorkloadError(f'{where}: "category" must be a non-empty string, got {category!r}')
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise WorkloadError(f"{where}: \"max_tokens\" must be an integer >= 1, got {max_tokens!r}")
+        raise WorkloadError(f'{where}: "max_tokens" must be an integer >= 1, got {max_tokens!r}')
     item_id = obj.get("id", default_id)
     if not isinstance(item_id, str) or not item_id:
-        raise WorkloadError(f"{where}: \"id\" must be a non-empty string, got {item_id!r}")
+        raise WorkloadError(f'{where}: "id" must be a non-empty string, got {item_id!r}')
     source = obj.get("source")
     if source is not None and not isinstance(source, str):
-        raise WorkloadError(f"{where}: \"source\" must be a string, got {source!r}")
+        raise WorkloadError(f'{where}: "source" must be a string, got {source!r}')
     return WorkItem(item_id, category.strip(), prompt, messages, max_tokens, source)
 
 
 def _messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise WorkloadError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": ..., \"content\": ...}} objects")
+        raise WorkloadError(f'{where}: "messages" must be a non-empty list of {{"role": ..., "content": ...}} objects')
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or set(m) - {"role", "content"} or "role" not in m or "content" not in m:
-            raise WorkloadError(f"{where}: messages[{i}] must be an object with exactly \"role\" and \"content\", got {json.dumps(m)[:80]}")
+            raise WorkloadError(
+                f'{where}: messages[{i}] must be an object with exactly "role" and "content", got {json.dumps(m)[:80]}'
+            )
         if m["role"] not in ROLES:
             raise WorkloadError(f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role']!r}")
         if not isinstance(m["content"], str):
             raise WorkloadError(f"{where}: messages[{i}].content must be a string")
         out.append({"role": m["role"], "content": m["content"]})
     if out[-1]["role"] == "assistant":
-        raise WorkloadError(f"{where}: the last message is the assistant's; end with a user (or system) message for the model to answer")
+        raise WorkloadError(
+            f"{where}: the last message is the assistant's; end with a user (or system) message for the model to answer"
+        )
     return tuple(out)
 
 
@@ -190,7 +210,10 @@ def select(
         known = categories(items)
         missing = [c for c in wanted if c not in known]
         if missing:
-            raise ConfigError(f"unknown categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)}; this workload has {', '.join(known)}")
+            raise ConfigError(
+                f"unknown categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)}; this workload has "
+                f"{', '.join(known)}"
+            )
         items = [i for i in items if i.category in wanted]
     if per_category is not None:
         if per_category < 1:

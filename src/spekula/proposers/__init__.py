@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spekula.backends.base import Backend
-from spekula.config import SpecConfig
+from spekula.config import SpecConfig, SuffixOptions
 from spekula.errors import ConfigError
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.proposers.draft_model import DraftModelFactory, DraftModelProposer
@@ -19,7 +19,7 @@ SUFFIX = "suffix"
 # name -> builder(spec, target) for proposers that need no model. Everything else given as --draft is a model.
 MODEL_FREE: dict[str, Callable[[SpecConfig, Backend], ProposerFactory]] = {
     NGRAM: lambda spec, target: NgramFactory(spec.ngram_max, spec.ngram_min),
-    SUFFIX: lambda spec, target: SuffixFactory(vocab_size=target.vocab_size),
+    SUFFIX: lambda spec, target: SuffixFactory(SuffixConfig.from_options(spec.suffix), vocab_size=target.vocab_size),
 }
 
 
@@ -38,6 +38,11 @@ def build_proposer(
     """`draft` as a user writes it: 'none', 'ngram', 'suffix', or a model name / path (loaded by load_draft)."""
     if draft in (None, NONE):
         return None
+    if draft != SUFFIX and spec.suffix != SuffixOptions():
+        raise ConfigError(
+            f"the suffix options (--suffix-*) set how 'suffix' drafts; {draft!r} does not use them. Drop them, "
+            "or choose --draft suffix"
+        )
     if draft in MODEL_FREE:
         if spec.draft_confidence is not None:
             raise ConfigError(
@@ -65,7 +70,22 @@ def check_same_vocabulary(target: Backend, draft: Backend) -> None:
 
 
 __all__ = [
-    "Draft", "EMPTY_DRAFT", "NO_DRAFT", "Proposer", "ProposerFactory", "DraftModelFactory", "DraftModelProposer",
-    "NgramFactory", "NgramProposer", "build_proposer", "check_same_vocabulary", "needs_model", "NONE", "NGRAM",
-    "SuffixConfig", "SuffixFactory", "SuffixProposer", "SUFFIX",
+    "Draft",
+    "EMPTY_DRAFT",
+    "NO_DRAFT",
+    "Proposer",
+    "ProposerFactory",
+    "DraftModelFactory",
+    "DraftModelProposer",
+    "NgramFactory",
+    "NgramProposer",
+    "build_proposer",
+    "check_same_vocabulary",
+    "needs_model",
+    "NONE",
+    "NGRAM",
+    "SuffixConfig",
+    "SuffixFactory",
+    "SuffixProposer",
+    "SUFFIX",
 ]

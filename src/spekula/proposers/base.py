@@ -61,7 +61,14 @@ class ProposerFactory(ABC):
         return None
 
     @abstractmethod
-    def create(self) -> Proposer: ...
+    def create(self, namespace: str = "") -> Proposer:
+        """A proposer for one request. namespace: whose text the request may draft from, for a factory
+        that remembers earlier requests (the suffix proposer's cache; the server passes a hash of the
+        API key): a request never drafts another namespace's text. Factories without memory ignore it."""
+
+    def forget(self, namespace: str) -> None:
+        """Drop what the factory remembers of `namespace`'s requests (bench: one repeat's outputs
+        before the next). Default: nothing is remembered."""
 
     def describe(self) -> dict:
         return {"proposer": self.name}

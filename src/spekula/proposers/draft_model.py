@@ -90,7 +90,7 @@ class DraftModelFactory(ProposerFactory):
     name: str = "draft-model"
     confidence: float | None = None  # see DraftModelProposer
 
-    def create(self) -> DraftModelProposer:
+    def create(self, namespace: str = "") -> DraftModelProposer:  # no memory across requests: namespace unused
         return DraftModelProposer(self.backend, self.confidence)
 
     @property

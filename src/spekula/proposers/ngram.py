@@ -71,7 +71,7 @@ class NgramFactory(ProposerFactory):
     ngram_min: int = 1
     name: str = "ngram"
 
-    def create(self) -> NgramProposer:
+    def create(self, namespace: str = "") -> NgramProposer:  # no memory across requests: namespace unused
         return NgramProposer(self.ngram_max, self.ngram_min)
 
     def describe(self) -> dict:

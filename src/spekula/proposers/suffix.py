@@ -21,10 +21,13 @@ removing a sequence the same per token, and a lookup is bounded by the anchors, 
 max_depth and the draft length, whatever the length of the context.
 
 Cross-request memory lives in the factory's SuffixCache, for as long as the engine or server: each
-finished request's output (and, with cache_prompts, its prompt) is one entry of a namespace (e.g. a
-hash of the API key); drafts only ever read their own namespace. Entries are bounded by count and by
-bytes (an upper bound of what an entry and its index hold: BYTES_PER_TOKEN per token plus
-BYTES_PER_ENTRY, checked by tests/unit/test_suffix.py), least recently used first out.
+finished request's output (and, with cache_prompts, its prompt) is one entry of a namespace (the
+server's: a hash of the API key the request presented, spekula.server.state; bench's: one per repeat,
+so no repeat drafts an earlier repeat's output of its own prompt); drafts only ever read their own
+namespace. Entries are bounded by count and by bytes over all namespaces together (an upper bound
+of what an entry and its index hold: BYTES_PER_TOKEN per token plus BYTES_PER_ENTRY, checked by
+tests/unit/test_suffix.py), least recently used first out; a user sets the bounds and the other
+knobs of SuffixOptions (SpecConfig.suffix, --suffix-* on generate and serve).
 
 Why not arctic-inference's own tree: its source distribution builds with torch >= 2.10, protobuf and
 grpcio-tools in its build requirements and imports torch in setup.py, so installing it pulls torch
@@ -38,12 +41,12 @@ import threading
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 
 import torch
 
-from spekula.config import K_MAX, SamplingParams
+from spekula.config import K_MAX, SamplingParams, SuffixOptions
 from spekula.errors import ConfigError
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.verify import Verdict
@@ -58,38 +61,35 @@ BYTES_PER_ENTRY = 2048
 LOCAL = -1  # the entry id of this request's own context in a match
 # Match-length buckets, the draft classes: the controller learns acceptance per class.
 CLASS_BOUNDS = (1, 2, 4, 8, 16)
+USER = SuffixOptions()  # the defaults of the knobs a user sets (SpecConfig.suffix, --suffix-* flags)
 
 
 @dataclass(frozen=True)
 class SuffixConfig:
-    max_depth: int = 32  # longest suffix of the context matched, in tokens
+    max_depth: int = USER.max_depth  # longest suffix of the context matched, in tokens
     max_candidates: int = 32  # most recent occurrences examined per lookup, per source (request, cache)
-    spec_factor: float = 1.0  # a draft is at most spec_factor x matched length (+ spec_offset) tokens
+    spec_factor: float = USER.spec_factor  # a draft is at most spec_factor x matched length (+ spec_offset) tokens
     spec_offset: float = 0.0
-    min_token_prob: float = 0.1  # stop drafting when the continuation's empirical probability falls below
+    min_token_prob: float = USER.min_token_prob  # stop drafting below this empirical continuation probability
     max_draft: int = K_MAX  # tokens drafted per lookup at most (k caps it further)
-    cache_entries: int = 256  # earlier requests kept for drafting (0: no cross-request cache)
-    cache_bytes: int = 64 << 20  # ... and their memory (bounded by BYTES_PER_TOKEN, BYTES_PER_ENTRY)
+    cache_entries: int = USER.cache_entries  # earlier requests kept for drafting (0: no cross-request cache)
+    cache_bytes: int = USER.cache_bytes  # ... and their memory (bounded by BYTES_PER_TOKEN, BYTES_PER_ENTRY)
     cache_prompts: bool = False  # cache prompts too, not only outputs (the current prompt is always used)
 
     def __post_init__(self) -> None:
-        for name in ("max_depth", "max_candidates", "max_draft"):
+        # the knobs a user sets are checked where SuffixOptions is made, with the same words
+        SuffixOptions(self.cache_entries, self.cache_bytes, self.max_depth, self.min_token_prob, self.spec_factor)
+        for name in ("max_candidates", "max_draft"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"suffix {name} must be an integer >= 1, got {value!r}")
-        for name in ("cache_entries", "cache_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"suffix {name} must be an integer >= 0 (0: no cross-request cache), got {value!r}")
-        if not isinstance(self.spec_factor, (int, float)) or not self.spec_factor > 0:
-            raise ConfigError(
-                f"suffix spec_factor must be > 0 (a draft is at most spec_factor x the matched length), "
-                f"got {self.spec_factor!r}"
-            )
         if not isinstance(self.spec_offset, (int, float)) or not self.spec_offset >= 0:
             raise ConfigError(f"suffix spec_offset must be >= 0, got {self.spec_offset!r}")
-        if not isinstance(self.min_token_prob, (int, float)) or not 0.0 <= self.min_token_prob <= 1.0:
-            raise ConfigError(f"suffix min_token_prob must be a probability in [0, 1], got {self.min_token_prob!r}")
+
+    @classmethod
+    def from_options(cls, options: SuffixOptions) -> "SuffixConfig":
+        """The user's knobs (SpecConfig.suffix), everything else at its default."""
+        return cls(**asdict(options))
 
     def draft_limit(self, match_length: int) -> int:
         """Longest draft after a match of this many tokens (SuffixDecoding's match-length rule)."""
@@ -258,6 +258,12 @@ class SuffixCache:
                 if (namespace, entry) in self._lru:
                     self._lru.move_to_end((namespace, entry))
 
+    def drop(self, namespace: str) -> None:
+        """Forget every entry of `namespace`."""
+        with self._lock:
+            for key in [key for key in self._lru if key[0] == namespace]:
+                self._evict(key)
+
     def clear(self) -> None:
         with self._lock:
             self._spaces.clear()
@@ -284,7 +290,10 @@ class SuffixProposer(Proposer):
     """One request: its own context indexed incrementally, plus the factory's cache for its namespace."""
 
     def __init__(
-        self, config: SuffixConfig = SuffixConfig(), cache: SuffixCache | None = None, namespace: str = "",
+        self,
+        config: SuffixConfig = SuffixConfig(),
+        cache: SuffixCache | None = None,
+        namespace: str = "",
         vocab_size: int | None = None,
     ) -> None:
         self.config = config
@@ -427,9 +436,16 @@ class SuffixFactory(ProposerFactory):
     def create(self, namespace: str = "") -> SuffixProposer:
         return SuffixProposer(self.config, self.cache, namespace, self.vocab_size)
 
+    def forget(self, namespace: str) -> None:
+        self.cache.drop(namespace)
+
     def describe(self) -> dict:
         c = self.config
         return {
-            "proposer": self.name, "max_depth": c.max_depth, "spec_factor": c.spec_factor,
-            "min_token_prob": c.min_token_prob, "cache_entries": c.cache_entries, "cache_bytes": c.cache_bytes,
+            "proposer": self.name,
+            "max_depth": c.max_depth,
+            "spec_factor": c.spec_factor,
+            "min_token_prob": c.min_token_prob,
+            "cache_entries": c.cache_entries,
+            "cache_bytes": c.cache_bytes,
         }

@@ -37,7 +37,9 @@ def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSett
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.pipeline = pipeline if isinstance(pipeline, Pipeline) else await asyncio.to_thread(pipeline)
-        state.scheduler = Scheduler(state.pipeline, state.metrics, max_running=settings.max_running, max_queue=settings.max_queue)
+        state.scheduler = Scheduler(
+            state.pipeline, state.metrics, max_running=settings.max_running, max_queue=settings.max_queue
+        )
         state.scheduler.start()
         log.info("serving %s (proposer %s) on the scheduler thread", state.model_name, state.pipeline.draft_name)
         yield
@@ -55,9 +57,13 @@ def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSett
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        message = {404: f"no such path {request.url.path}; the API lives under /v1 (completions, chat/completions, models)",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
-        return JSONResponse(error_body(e.status_code, message), status_code=e.status_code, headers=getattr(e, "headers", None))
+        message = {
+            404: f"no such path {request.url.path}; the API lives under /v1 (completions, chat/completions, models)",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(e.status_code, str(e.detail))
+        return JSONResponse(
+            error_body(e.status_code, message), status_code=e.status_code, headers=getattr(e, "headers", None)
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -93,7 +99,11 @@ class Gate:
         if self.key is not None and path != "/health":
             refusal = self._refusal(scope)
             if refusal is not None:
-                response = JSONResponse(error_body(401, refusal, code="invalid_api_key"), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                response = JSONResponse(
+                    error_body(401, refusal, code="invalid_api_key"),
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 return await response(scope, receive, counted)
         await self.app(scope, receive, counted)
 

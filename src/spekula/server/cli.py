@@ -12,6 +12,7 @@ from spekula.extras import needs_extra
 from spekula.options import (
     add_model_options,
     add_sampling_options,
+    add_suffix_options,
     backend_from_args,
     draft_backend_from_args,
     sampling_from_args,
@@ -28,12 +29,14 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
     d = ServerSettings()
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, models, metrics)")
     add_model_options(p)
+    add_suffix_options(p)
     add_sampling_options(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     g.add_argument("--port", type=int, default=d.port, help=f"(default {d.port}; 0 = any free port)")
     g.add_argument(
-        "--api-key", default=None,
+        "--api-key",
+        default=None,
         help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV}, else none)",
     )
     g.add_argument(
@@ -43,27 +46,39 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
         "--max-running", type=int, default=d.max_running, help=f"requests generating at once (default {d.max_running})"
     )
     g.add_argument(
-        "--max-queue", type=int, default=d.max_queue,
+        "--max-queue",
+        type=int,
+        default=d.max_queue,
         help=f"requests waiting for a slot; beyond this: 429 (default {d.max_queue})",
     )
     g.add_argument(
-        "--max-body-bytes", type=int, default=d.max_body_bytes,
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
         help=f"largest request body; beyond this: 413 (default {d.max_body_bytes})",
     )
     g.add_argument(
-        "--max-tokens-limit", type=int, default=d.max_tokens_limit,
+        "--max-tokens-limit",
+        type=int,
+        default=d.max_tokens_limit,
         help=f"largest max_tokens a request may ask for (default {d.max_tokens_limit})",
     )
     g.add_argument(
-        "--default-max-tokens", type=int, default=d.default_max_tokens,
+        "--default-max-tokens",
+        type=int,
+        default=d.default_max_tokens,
         help=f"max_tokens when a request gives none (default {d.default_max_tokens})",
     )
     g.add_argument(
-        "--request-timeout", type=float, default=d.request_timeout_s,
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout_s,
         help=f"seconds from arrival to the last token; then 504 (default {d.request_timeout_s:g})",
     )
     g.add_argument(
-        "--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout_s,
         help=f"on Ctrl-C, seconds in-flight requests get to finish (default {d.shutdown_timeout_s:g})",
     )
     g.add_argument("--log-prompts", action="store_true", help="write prompts and outputs to the log (off by default)")
@@ -76,11 +91,19 @@ def settings_from_args(args: argparse.Namespace):
     from spekula.server.settings import API_KEY_ENV, ServerSettings
 
     return ServerSettings(
-        host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        model_name=args.served_model_name, max_running=args.max_running, max_queue=args.max_queue,
-        max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
-        default_max_tokens=args.default_max_tokens, request_timeout_s=args.request_timeout,
-        shutdown_timeout_s=args.shutdown_timeout, log_prompts=args.log_prompts, sampling=sampling_from_args(args),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        model_name=args.served_model_name,
+        max_running=args.max_running,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_limit=args.max_tokens_limit,
+        default_max_tokens=args.default_max_tokens,
+        request_timeout_s=args.request_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
+        log_prompts=args.log_prompts,
+        sampling=sampling_from_args(args),
     )
 
 
@@ -101,10 +124,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.target, args.draft, spec_from_args(args), backend_from_args(args), draft_backend_from_args(args)
     )
     host, port = sock.getsockname()[:2]
-    _say(f"serving {settings.model_name or pipe.target.name} on http://{host}:{port}/v1 "
-         "(Ctrl-C stops: running requests finish first)")
+    _say(
+        f"serving {settings.model_name or pipe.target.name} on http://{host}:{port}/v1 "
+        "(Ctrl-C stops: running requests finish first)"
+    )
     config = uvicorn.Config(
-        create_app(pipe, settings), log_level=args.log_level,
+        create_app(pipe, settings),
+        log_level=args.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s) or 1,
     )
     uvicorn.Server(config).run(sockets=[sock])

@@ -34,7 +34,12 @@ TYPES = {
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -49,4 +54,6 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+    return {
+        "error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "param": param, "code": code}
+    }

@@ -26,31 +26,71 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.http_requests = Counter(P + "http_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r)
+        self.http_requests = Counter(
+            P + "http_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r
+        )
         self.requests_finished = Counter(
-            P + "request_finished", "Generation requests by how they ended: stop, length, abort (client gone), timeout, error",
-            ["finish_reason"], registry=r,
+            P + "request_finished",
+            "Generation requests by how they ended: stop, length, abort (client gone), timeout, error",
+            ["finish_reason"],
+            registry=r,
         )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Output tokens generated", registry=r)
-        self.ttft = Histogram(P + "time_to_first_token_seconds", "From a request's first step to its first output token (RequestStats.ttft_s)", buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram(P + "time_per_output_token_seconds", "Per request: (total - ttft) / (output tokens - 1)", buckets=TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram(P + "e2e_request_latency_seconds", "From arrival (queue included) to the last token", buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram(P + "request_queue_time_seconds", "From arrival to the first step", buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram(P + "batch_size", "Requests scored together in one batched target pass", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "From a request's first step to its first output token (RequestStats.ttft_s)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            P + "time_per_output_token_seconds",
+            "Per request: (total - ttft) / (output tokens - 1)",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds",
+            "From arrival (queue included) to the last token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            P + "request_queue_time_seconds", "From arrival to the first step", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_size = Histogram(
+            P + "batch_size",
+            "Requests scored together in one batched target pass",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.waiting = Gauge(P + "num_requests_waiting", "Requests in the queue", registry=r)
         self.running = Gauge(P + "num_requests_running", "Requests being stepped", registry=r)
-        self.drafts = Counter(P + "spec_decode_num_drafts", "Target passes that verified at least one drafted token", registry=r)
+        self.drafts = Counter(
+            P + "spec_decode_num_drafts", "Target passes that verified at least one drafted token", registry=r
+        )
         self.draft_tokens = Counter(P + "spec_decode_num_draft_tokens", "Drafted tokens", registry=r)
-        self.accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens", "Drafted tokens the target accepted", registry=r)
+        self.accepted_tokens = Counter(
+            P + "spec_decode_num_accepted_tokens", "Drafted tokens the target accepted", registry=r
+        )
         self.accepted_per_pos = Counter(
-            P + "spec_decode_num_accepted_tokens_per_pos", "Accepted drafted tokens by draft position (0 = first)", ["position"], registry=r,
+            P + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted drafted tokens by draft position (0 = first)",
+            ["position"],
+            registry=r,
         )
         self.drafted_per_pos = Counter(
-            P + "spec_decode_num_draft_tokens_per_pos", "Drafted tokens by draft position (0 = first)", ["position"], registry=r,
+            P + "spec_decode_num_draft_tokens_per_pos",
+            "Drafted tokens by draft position (0 = first)",
+            ["position"],
+            registry=r,
         )
-        self.target_passes = Counter(P + "spec_decode_num_target_passes", "Target decode passes (plain steps included)", registry=r)
-        self.steps_by_k = Counter(P + "spec_decode_steps", "Steps by the draft length k the controller chose (0 = plain)", ["k"], registry=r)
+        self.target_passes = Counter(
+            P + "spec_decode_num_target_passes", "Target decode passes (plain steps included)", registry=r
+        )
+        self.steps_by_k = Counter(
+            P + "spec_decode_steps", "Steps by the draft length k the controller chose (0 = plain)", ["k"], registry=r
+        )
         for endpoint in ENDPOINTS:  # present from the start, so rates have a zero to start from
             self.http_requests.labels(endpoint, "200")
         for reason in FINISH_REASONS:

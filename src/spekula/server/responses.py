@@ -38,12 +38,19 @@ class ResponseShape:
 
     def response(self, text: str, finish_reason: str, stats: RequestStats, proposer: str) -> dict[str, Any]:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return {**self._head(self.object), "choices": [choice], "usage": usage(stats), "spec": spec(stats, proposer)}
 
-    def chunk(self, delta: str | None = None, finish_reason: str | None = None, *, role: bool = False) -> dict[str, Any]:
+    def chunk(
+        self, delta: str | None = None, finish_reason: str | None = None, *, role: bool = False
+    ) -> dict[str, Any]:
         if self.kind == "chat":
             body: dict[str, Any] = {} if delta is None and not role else {"content": delta or ""}
             if role:

@@ -94,8 +94,22 @@ async def _generate(request: Request, kind: Kind) -> Response:
     prompt_ids = await run_in_threadpool(state.encode, req)
     shape = ResponseShape(kind, state.model_name)
     sink = AsyncSink()
-    log_text = (req.prompt if isinstance(req.prompt, str) else str(req.prompt or req.messages)) if settings.log_prompts else None
-    job = Job(shape.id, prompt_ids, req.sampling, req.stop, sink, settings.request_timeout_s, log_text=log_text)
+    log_text = (
+        (req.prompt if isinstance(req.prompt, str) else str(req.prompt or req.messages))
+        if settings.log_prompts
+        else None
+    )
+    namespace = state.namespace(request.headers.get("authorization"))
+    job = Job(
+        shape.id,
+        prompt_ids,
+        req.sampling,
+        req.stop,
+        sink,
+        settings.request_timeout_s,
+        log_text=log_text,
+        namespace=namespace,
+    )
     state.scheduler.submit(job)  # 429 when the queue is full, 503 when shutting down
     if req.stream:
         return JobStream(_stream(state, job, sink, shape, req), on_close=lambda: state.scheduler.cancel(job))
@@ -117,7 +131,9 @@ class JobStream(StreamingResponse):
             self.on_close()
 
 
-async def _complete(request: Request, state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape) -> Response:
+async def _complete(
+    request: Request, state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape
+) -> Response:
     watcher = asyncio.create_task(_on_disconnect(request, lambda: state.scheduler.cancel(job)))
     finished = False
     try:
@@ -125,7 +141,9 @@ async def _complete(request: Request, state: "ServerState", job: Job, sink: Asyn
             event = await _next_event(state, job, sink)
             if isinstance(event, Finished):
                 finished = True
-                return JSONResponse(shape.response(event.text, event.finish_reason, event.stats, state.pipeline.draft_name))
+                return JSONResponse(
+                    shape.response(event.text, event.finish_reason, event.stats, state.pipeline.draft_name)
+                )
             if isinstance(event, Failed):
                 finished = True
                 raise event.error
@@ -135,7 +153,9 @@ async def _complete(request: Request, state: "ServerState", job: Job, sink: Asyn
             state.scheduler.cancel(job)
 
 
-async def _stream(state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest) -> AsyncIterator[bytes]:
+async def _stream(
+    state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
+) -> AsyncIterator[bytes]:
     """Server-sent events. Starlette cancels this generator when the client disconnects."""
     finished = False
     proposer = state.pipeline.draft_name
@@ -168,7 +188,9 @@ async def _next_event(state: "ServerState", job: Job, sink: AsyncSink) -> Event:
         return await asyncio.wait_for(sink.queue.get(), timeout=max(remaining, 0.0) + HUNG_WORKER_GRACE_S)
     except asyncio.TimeoutError:
         state.scheduler.cancel(job)
-        return Failed(APIError(504, f"no answer from the engine within {job.timeout_s:g} s; lower max_tokens", code="timeout"))
+        return Failed(
+            APIError(504, f"no answer from the engine within {job.timeout_s:g} s; lower max_tokens", code="timeout")
+        )
 
 
 async def _on_disconnect(request: Request, callback) -> None:
@@ -182,14 +204,21 @@ async def _on_disconnect(request: Request, callback) -> None:
 
 def _check_model(state: "ServerState", model: str) -> None:
     if model != state.model_name:
-        raise APIError(404, f"model {model!r} is not served here; this server runs {state.model_name!r} (see GET /v1/models)",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"model {model!r} is not served here; this server runs {state.model_name!r} (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _model_card(state: "ServerState") -> dict:
     pipe = state.pipeline
     return {
-        "id": state.model_name, "object": "model", "created": state.created, "owned_by": "spekula",
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "spekula",
         "max_model_len": pipe.target.context_length,
         "speculation": {"proposer": pipe.draft_name, "k": "auto" if pipe.spec.k is None else pipe.spec.k},
     }

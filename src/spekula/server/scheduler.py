@@ -83,6 +83,7 @@ class Job:
     sink: Callable[[Event], None]
     timeout_s: float
     log_text: str | None = None  # the prompt, only when --log-prompts
+    namespace: str = ""  # whose earlier outputs it may draft from (ServerState.namespace): a hash of its API key
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     run: TextGeneration | None = None
@@ -126,15 +127,18 @@ class Scheduler:
         with self._cv:
             if not self._accepting:
                 raise APIError(
-                    503, "the server is shutting down and takes no new requests; retry on another instance or later",
+                    503,
+                    "the server is shutting down and takes no new requests; retry on another instance or later",
                     code="shutting_down",
                 )
             if len(self._waiting) >= self.max_queue and len(self._running) + len(self._waiting) >= self.max_running:
                 retry = self.retry_after()
                 raise APIError(
-                    429, f"the server is busy ({len(self._running)} running, {len(self._waiting)} waiting, "
+                    429,
+                    f"the server is busy ({len(self._running)} running, {len(self._waiting)} waiting, "
                     f"queue limit {self.max_queue}); retry after {retry} s",
-                    code="queue_full", headers={"Retry-After": str(retry)},
+                    code="queue_full",
+                    headers={"Retry-After": str(retry)},
                 )
             self._waiting.append(job)
             self._cv.notify_all()
@@ -210,7 +214,7 @@ class Scheduler:
         if now > job.deadline:
             return self._finish(job, "timeout", self._timeout_error(job))
         try:
-            generation = self.pipeline.engine.generate(job.prompt_ids, job.sampling, job.stop)
+            generation = self.pipeline.engine.generate(job.prompt_ids, job.sampling, job.stop, namespace=job.namespace)
         except SpekulaError as e:  # the handler validated the prompt; this is a backstop
             return self._finish(job, "error", APIError(400, str(e)))
         except Exception:
@@ -388,8 +392,10 @@ class Scheduler:
 
     def _timeout_error(self, job: Job) -> APIError:
         return APIError(
-            504, f"the request ran past the server's time limit of {job.timeout_s:g} s; lower max_tokens "
-            "(the operator can raise --request-timeout)", code="timeout",
+            504,
+            f"the request ran past the server's time limit of {job.timeout_s:g} s; lower max_tokens "
+            "(the operator can raise --request-timeout)",
+            code="timeout",
         )
 
     def _log(self, job: Job, reason: str, stats: RequestStats | None) -> None:
@@ -398,7 +404,13 @@ class Scheduler:
             return
         log.info(
             "request %s: %s, %d prompt + %d output tokens, alpha %s, tau %s, %.2f s",
-            job.id, reason, stats.prompt_tokens, stats.output_tokens, _fmt(stats.alpha), _fmt(stats.tau), stats.total_s,
+            job.id,
+            reason,
+            stats.prompt_tokens,
+            stats.output_tokens,
+            _fmt(stats.alpha),
+            _fmt(stats.tau),
+            stats.total_s,
         )
         if job.log_text is not None:
             log.info("request %s prompt: %r output: %r", job.id, job.log_text, job.run.text)

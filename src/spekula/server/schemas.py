@@ -20,16 +20,44 @@ from spekula.server.settings import ServerSettings
 
 Kind = Literal["completion", "chat"]
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "stream", "stream_options", "n", "user"}
+COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+}
 ONLY = {"completion": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
 # OpenAI parameters this server does not implement. Sent with their neutral value they ask for
 # nothing, so they are accepted; anything else is refused by name rather than silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "response_format": ({"type": "text"},), "parallel_tool_calls": (False, True), "store": (False,),
-    "metadata": ({},), "service_level": ("auto",), "service_tier": ("auto",), "modalities": (["text"],),
+    "logprobs": (False, 0),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "parallel_tool_calls": (False, True),
+    "store": (False,),
+    "metadata": ({},),
+    "service_level": ("auto",),
+    "service_tier": ("auto",),
+    "modalities": (["text"],),
 }
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 16
@@ -61,7 +89,7 @@ async def read_json(request: Request, limit: int) -> Any:
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body.strip():
-        raise APIError(400, "the request body is empty; send a JSON object such as {\"model\": ..., \"prompt\": ...}")
+        raise APIError(400, 'the request body is empty; send a JSON object such as {"model": ..., "prompt": ...}')
     return parse_json(body)
 
 
@@ -90,13 +118,21 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8") from None
     except _NonFinite as e:
-        raise APIError(400, f"the request body contains the number {str(e)[:40]}, which is not finite; "
-                       "JSON numbers must be finite: send a finite value such as 0.7") from None
+        raise APIError(
+            400,
+            f"the request body contains the number {str(e)[:40]}, which is not finite; "
+            "JSON numbers must be finite: send a finite value such as 0.7",
+        ) from None
     except json.JSONDecodeError as e:
-        raise APIError(400, f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the JSON") from None
+        raise APIError(
+            400, f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the JSON"
+        ) from None
     except RecursionError:
-        raise APIError(400, "the request body is nested too deeply; a request needs a few levels of objects "
-                       "and arrays, send a flat JSON object") from None
+        raise APIError(
+            400,
+            "the request body is nested too deeply; a request needs a few levels of objects "
+            "and arrays, send a flat JSON object",
+        ) from None
     except ValueError as e:  # e.g. an integer with more digits than Python converts
         why = str(e).split(":")[0]  # Python's own advice after the colon (sys.set_int_max_str_digits) is the operator's
         message = f"the request body holds a number that cannot be read ({why}); send shorter numbers"
@@ -106,8 +142,10 @@ def parse_json(body: bytes) -> Any:
 def _too_large(size: int | None, limit: int) -> APIError:
     has = f"has {size} bytes, more than" if size is not None else "is larger than"
     return APIError(
-        413, f"the request body {has} the server's limit of {limit} bytes; "
-        "send a shorter prompt (the operator can raise --max-body-bytes)", code="body_too_large",
+        413,
+        f"the request body {has} the server's limit of {limit} bytes; "
+        "send a shorter prompt (the operator can raise --max-body-bytes)",
+        code="body_too_large",
     )
 
 
@@ -121,14 +159,26 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
         if name in NEUTRAL:
             if body[name] in NEUTRAL[name]:
                 continue
-            raise APIError(400, f"parameter {name!r} is not supported by this server; remove it", param=name, code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"parameter {name!r} is not supported by this server; remove it",
+                param=name,
+                code="unsupported_parameter",
+            )
         hint = _hint(name, kind)
-        raise APIError(400, f"unknown parameter {name!r}{hint}; supported: {', '.join(sorted(allowed))}", param=name, code="unknown_parameter")
+        raise APIError(
+            400,
+            f"unknown parameter {name!r}{hint}; supported: {', '.join(sorted(allowed))}",
+            param=name,
+            code="unknown_parameter",
+        )
     body = {k: v for k, v in body.items() if v is not None}  # null means "use the default", as in OpenAI's API
 
     model = body.get("model")
     if model is None:
-        raise APIError(400, "parameter 'model' is required; GET /v1/models lists the model this server runs", param="model")
+        raise APIError(
+            400, "parameter 'model' is required; GET /v1/models lists the model this server runs", param="model"
+        )
     if not isinstance(model, str) or not model:
         raise APIError(400, f"'model' must be a non-empty string, got {_json_type(model)}", param="model")
 
@@ -139,18 +189,28 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
         prompt = _prompt(body["prompt"])
     else:
         if "messages" not in body:
-            raise APIError(400, "parameter 'messages' is required: a list of {\"role\", \"content\"} objects", param="messages")
+            raise APIError(
+                400, 'parameter \'messages\' is required: a list of {"role", "content"} objects', param="messages"
+            )
         messages = _messages(body["messages"])
 
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
-        raise APIError(400, f"'n' must be 1 (one choice per request), got {n!r}; send several requests instead", param="n")
+        raise APIError(
+            400, f"'n' must be 1 (one choice per request), got {n!r}; send several requests instead", param="n"
+        )
     if "user" in body and not isinstance(body["user"], str):
         raise APIError(400, f"'user' must be a string, got {_json_type(body['user'])}", param="user")
 
     max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _integer(body, max_name, 1, settings.max_tokens_limit, settings.default_max_tokens,
-                          hint=" (the server's --max-tokens-limit)")
+    max_tokens = _integer(
+        body,
+        max_name,
+        1,
+        settings.max_tokens_limit,
+        settings.default_max_tokens,
+        hint=" (the server's --max-tokens-limit)",
+    )
     defaults = settings.sampling
     # Any temperature in (0, 2] is served, however small: spekula.sampling computes the softmax so that
     # a tiny one (1e-38) behaves as its limit, all mass on the argmax, for the draft and the target alike.
@@ -166,7 +226,9 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
     include_usage = _stream_options(body.get("stream_options"), stream)
     stop = _stop(body.get("stop", ()))
     try:
-        sampling = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p), seed=seed)
+        sampling = SamplingParams(
+            temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p), seed=seed
+        )
         stop_config = StopConfig(max_tokens=max_tokens, stop=stop)
     except ConfigError as e:  # already checked above; kept so a new rule in config.py still gives a 400
         raise APIError(400, str(e)) from None
@@ -184,25 +246,46 @@ def _prompt(value: Any) -> str | list[int]:
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
-        raise APIError(400, f"'prompt' holds {len(value)} prompts; this server takes one prompt per request", param="prompt")
-    raise APIError(400, f"'prompt' must be a string or a non-empty list of token ids, got {_json_type(value)}", param="prompt")
+        raise APIError(
+            400, f"'prompt' holds {len(value)} prompts; this server takes one prompt per request", param="prompt"
+        )
+    raise APIError(
+        400, f"'prompt' must be a string or a non-empty list of token ids, got {_json_type(value)}", param="prompt"
+    )
 
 
 def _messages(value: Any) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
-        raise APIError(400, f"'messages' must be a non-empty list of {{\"role\", \"content\"}} objects, got {_json_type(value)}", param="messages")
+        raise APIError(
+            400,
+            f'\'messages\' must be a non-empty list of {{"role", "content"}} objects, got {_json_type(value)}',
+            param="messages",
+        )
     out = []
     for i, m in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise APIError(400, f"'{where}' must be an object with 'role' and 'content', got {_json_type(m)}", param=where)
+            raise APIError(
+                400, f"'{where}' must be an object with 'role' and 'content', got {_json_type(m)}", param=where
+            )
         extra = set(m) - {"role", "content", "name"}
         if extra:
-            raise APIError(400, f"'{where}' has unsupported field(s) {', '.join(sorted(extra))}; send only role and content", param=where)
+            raise APIError(
+                400,
+                f"'{where}' has unsupported field(s) {', '.join(sorted(extra))}; send only role and content",
+                param=where,
+            )
         role = m.get("role")
         if role not in ROLES:
-            raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), f"{where}.content")})
+            raise APIError(
+                400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role"
+            )
+        out.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": _content(m.get("content"), f"{where}.content"),
+            }
+        )
     return out
 
 
@@ -213,7 +296,11 @@ def _content(value: Any, where: str) -> str:
         parts = []
         for part in value:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise APIError(400, f"'{where}' parts must be {{\"type\": \"text\", \"text\": ...}}; this server reads text only", param=where)
+                raise APIError(
+                    400,
+                    f'\'{where}\' parts must be {{"type": "text", "text": ...}}; this server reads text only',
+                    param=where,
+                )
             parts.append(part["text"])
         return "".join(parts)
     raise APIError(400, f"'{where}' must be a string (or a list of text parts), got {_json_type(value)}", param=where)
@@ -233,7 +320,9 @@ def _integer(body: dict, name: str, low: int, high: int | None, default: Any, hi
     return value
 
 
-def _number(body: dict, name: str, low: float, high: float, default: float, low_open: bool = False, high_open: bool = False) -> float:
+def _number(
+    body: dict, name: str, low: float, high: float, default: float, low_open: bool = False, high_open: bool = False
+) -> float:
     value = body.get(name, default)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise APIError(400, f"'{name}' must be a number, got {_json_type(value)}", param=name)
@@ -249,7 +338,9 @@ def _stop(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
-        raise APIError(400, f"'stop' must be a non-empty string or a list of them, got {_json_type(value)}", param="stop")
+        raise APIError(
+            400, f"'stop' must be a non-empty string or a list of them, got {_json_type(value)}", param="stop"
+        )
     if len(value) > MAX_STOP:
         raise APIError(400, f"'stop' has {len(value)} strings; give at most {MAX_STOP}", param="stop")
     return tuple(value)
@@ -260,7 +351,11 @@ def _stream_options(value: Any, stream: bool) -> bool:
         return False
     if not stream:
         raise APIError(400, "'stream_options' is only allowed with \"stream\": true", param="stream_options")
-    if not isinstance(value, dict) or set(value) - {"include_usage"} or not isinstance(value.get("include_usage", False), bool):
+    if (
+        not isinstance(value, dict)
+        or set(value) - {"include_usage"}
+        or not isinstance(value.get("include_usage", False), bool)
+    ):
         raise APIError(400, "'stream_options' must be {\"include_usage\": true|false}", param="stream_options")
     return value.get("include_usage", False)
 

@@ -36,7 +36,8 @@ class ServerSettings:
             raise ConfigError(f"--port must be at most 65535, got {self.port}")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ConfigError(
-                f"--default-max-tokens ({self.default_max_tokens}) exceeds --max-tokens-limit ({self.max_tokens_limit}); "
+                f"--default-max-tokens ({self.default_max_tokens}) exceeds --max-tokens-limit "
+                f"({self.max_tokens_limit}); "
                 "lower the first or raise the second"
             )
         for name in ("request_timeout_s", "shutdown_timeout_s"):

@@ -3,6 +3,7 @@ scheduler, and turning a request's prompt or messages into checked token ids."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,16 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.settings.model_name or self.pipeline.target.name
+
+    def namespace(self, authorization: str | None) -> str:
+        """A request's namespace in the proposer's cross-request memory (the suffix proposer drafts
+        from earlier requests of its own namespace only): a hash of the API key it presented, never
+        the key itself, so requests under different keys never draft each other's text; "" when the
+        server takes no key (the Gate has refused requests without the right key before this)."""
+        if self.settings.api_key is None or authorization is None:
+            return ""
+        token = authorization.encode("latin-1").partition(b" ")[2].strip()  # "Bearer <key>", parsed as the Gate does
+        return hashlib.sha256(token).hexdigest()[:32]
 
     def encode(self, req: GenerationRequest) -> list[int]:
         """Prompt or chat messages -> token ids, checked against the model's vocabulary and context."""
