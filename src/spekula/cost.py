@@ -16,6 +16,7 @@ acceptance, is spekula.control's business (one request) or the scheduler's (a ba
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -32,6 +33,7 @@ PRIOR_ALPHA = 0.6  # the engine-wide alpha before any evidence, and where it ret
 # (PRIOR_ALPHA, or a class's base_acceptance) with this half-life in engine steps, so what one unlucky
 # request taught does not switch a proposer off for the life of a process.
 HALF_LIFE = 512
+RELAX_PER_STEP = 1.0 - 0.5 ** (1.0 / HALF_LIFE)  # the share of the way back one step goes
 # calibrate times every verify width up to this one, where the cost curve bends from memory-bound to
 # compute-bound (docs/BENCHMARKS.md, pass costs); past it every width where that costs little (see
 # calibrate), else the widths where a kernel that works in groups of rows changes slope: 4j and 4j + 1
@@ -47,6 +49,7 @@ DRIFT = 0.3
 RECALIBRATE_GAP = 256
 
 
+@functools.lru_cache(maxsize=1024)  # called for every class at every step (CostModel.tick)
 def match_length(draft_class: str | None) -> int | None:
     """The matched length a model-free proposer's draft class names (n-gram lookup: "4-gram" -> 4; suffix
     lookup: "suffix-8..15" -> 8, the bucket's shortest), or None for a class that names none."""
@@ -149,7 +152,7 @@ class CostModel:
     def tick(self) -> None:
         """One engine step has passed: every learnt acceptance rate relaxes towards its base (HALF_LIFE)."""
         self.steps += 1
-        relax = 1.0 - 0.5 ** (1.0 / HALF_LIFE)
+        relax = RELAX_PER_STEP
         self.alpha += (PRIOR_ALPHA - self.alpha) * relax
         for draft_class, rates in self.acceptance.items():
             base = base_acceptance(draft_class) or [PRIOR_ALPHA] * POSITIONS

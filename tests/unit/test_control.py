@@ -4,6 +4,8 @@ import dataclasses
 
 import pytest
 
+from costkit import compute_bound, memory_bound
+
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK, FixedK
 from spekula.cost import HALF_LIFE, CostModel, base_acceptance, match_length
@@ -12,15 +14,6 @@ from spekula.proposers import DraftModelFactory, NgramFactory
 from spekula.proposers.base import NO_DRAFT
 from spekula.testing import random_table_backend
 from spekula.trace import JsonlTrace, ListTrace
-
-
-def memory_bound():  # bf16 on CPU: 9 tokens cost about what 1 costs
-    return CostModel(target_s={n: 0.19 + 0.005 * (n - 1) for n in range(1, 10)}, draft_s_per_token=0.08, frozen=True)
-
-
-def compute_bound():  # llama.cpp Q4 on 2 cores: 5 tokens ~4x one
-    target_s = {n: 0.032 * (0.75 * n + 0.25) for n in range(1, 10)}
-    return CostModel(target_s=target_s, draft_s_per_token=0.023, frozen=True)
 
 
 def test_controller_turns_speculation_off_then_probes_and_recovers():

@@ -2,20 +2,13 @@
 
 import pytest
 
+from costkit import compute_bound, memory_bound
+
 from spekula.config import SpecConfig
 from spekula.cost import DRIFT, RECALIBRATE_GAP, CostModel, calibration_widths, expected_tokens
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory
 from spekula.testing import random_table_backend
-
-
-def memory_bound():  # bf16 on CPU: 9 tokens cost about what 1 costs
-    return CostModel(target_s={n: 0.19 + 0.005 * (n - 1) for n in range(1, 10)}, draft_s_per_token=0.08, frozen=True)
-
-
-def compute_bound():  # llama.cpp Q4 on 2 cores: 5 tokens ~4x one
-    target_s = {n: 0.032 * (0.75 * n + 0.25) for n in range(1, 10)}
-    return CostModel(target_s=target_s, draft_s_per_token=0.023, frozen=True)
 
 
 def test_expected_tokens_formula():

@@ -1,0 +1,14 @@
+"""Two pass-cost profiles for controller and cost-model tests: the two regimes a runtime falls in."""
+
+from spekula.cost import CostModel
+
+
+def memory_bound() -> CostModel:
+    """A verify pass of 9 tokens costs about what 1 costs (a memory-bound kernel)."""
+    return CostModel(target_s={n: 0.19 + 0.005 * (n - 1) for n in range(1, 10)}, draft_s_per_token=0.08, frozen=True)
+
+
+def compute_bound() -> CostModel:
+    """Every token of a pass costs most of a one-token pass (a compute-bound kernel, a cheap draft)."""
+    target_s = {n: 0.032 * (0.75 * n + 0.25) for n in range(1, 10)}
+    return CostModel(target_s=target_s, draft_s_per_token=0.023, frozen=True)
