@@ -5,9 +5,10 @@ after every pass, so every timed pass sees the same cache.
 
 A verify pass scores 1 + k tokens, so these are the costs `--k auto` weighs against the tokens a
 draft of k is expected to add (the cost model times the same passes at start-up); they are also what
-scripts/experiments/ngram_replay.py takes as --costs. Prints one line per model and width, as measured:
+scripts/experiments/ngram_replay.py takes as --costs. Prints one line per model and width, as measured,
+with the best speedup that width allows (every drafted token accepted, drafting free) once S=1 is timed:
 
-    MODEL RUNTIME DTYPE context=N S=W: MS ms
+    MODEL RUNTIME DTYPE context=N S=W: MS ms (at most X.XXx at alpha = 1)
 
 Usage (catalogue names or paths; loads the weights, downloads nothing):
 
@@ -73,13 +74,27 @@ def time_passes(backend: Backend, context: list[int], widths: list[int], repeats
         yield n, statistics.median(times)
 
 
+def bound_at_full_acceptance(width: int, seconds: float, single: float) -> float:
+    """The best speedup a verify pass of this width allows: every one of its width - 1 drafted tokens accepted
+    (alpha = 1), so it emits `width` tokens where plain decoding emits one per one-token pass, drafts free."""
+    return width * single / seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     for name in args.models:
         backend, codec = load_model(name, BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.runtime))
         ids = codec.encode(PROMPT * (args.context // 4 + 1))[: args.context]
+        single = None
         for n, seconds in time_passes(backend, ids, args.widths, args.repeats):
-            print(f"{name} {args.runtime} {args.dtype} context={len(ids)} S={n}: {1000 * seconds:.0f} ms", flush=True)
+            single = seconds if n == 1 else single
+            bound = (
+                "" if single is None else f" (at most {bound_at_full_acceptance(n, seconds, single):.2f}x at alpha = 1)"
+            )
+            print(
+                f"{name} {args.runtime} {args.dtype} context={len(ids)} S={n}: {1000 * seconds:.0f} ms{bound}",
+                flush=True,
+            )
     return 0
 
 

@@ -23,6 +23,7 @@ from spekula.options import (
     backend_from_args,
     draft_backend_from_args,
     load_config_file,
+    resolve_draft,
     sampling_from_args,
     spec_from_args,
 )
@@ -62,7 +63,10 @@ def register_generate(sub: Any) -> dict[str, argparse.ArgumentParser]:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument(
-        "--compare", action="store_true", help="also run plain decoding of the target; report speedup and identity"
+        "--compare",
+        action="store_true",
+        help="also run plain decoding of the target; report speedup, identity and, where greedy outputs part, the "
+        "first difference with the target's top-2 logit gap there in both runs (near-tie or divergence)",
     )
     p.add_argument("--trace", metavar="FILE", default=None, help="write one JSON line per step to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
@@ -71,6 +75,7 @@ def register_generate(sub: Any) -> dict[str, argparse.ArgumentParser]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from spekula.divergence import TopLog, find_divergence
     from spekula.pipeline import Pipeline
     from spekula.trace import JsonlTrace
 
@@ -100,7 +105,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         recorder = JsonlTrace(stack.enter_context(open(args.trace, "w"))) if args.trace else None
-        run = pipe.start(prompt_ids, sampling, stop, recorder=recorder)
+        spec_log = TopLog(recorder) if args.compare else None  # the target's top 2 per position, for a divergence
+        run = pipe.start(prompt_ids, sampling, stop, recorder=spec_log if spec_log is not None else recorder)
         for delta in run:
             if not args.json:
                 sys.stdout.write(delta)
@@ -116,7 +122,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         **_sampling_dict(sampling),
     }
     if args.compare:
-        base = pipe.generate(prompt_ids, sampling, stop, plain=True)
+        plain_log = TopLog()  # both runs record, so both pay the same for it
+        base = pipe.generate(prompt_ids, sampling, stop, plain=True, recorder=plain_log)
         out["baseline"] = {
             "text": base.text,
             "token_ids": base.token_ids,
@@ -125,6 +132,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         }
         out["identical"] = base.token_ids == result.token_ids
         out["speedup"] = _ratio(result.stats.tokens_per_s, base.stats.tokens_per_s)
+        if sampling.greedy:  # sampled outputs may differ without anything wrong: no divergence to explain
+            divergence = find_divergence(base.token_ids, result.token_ids, plain_log, spec_log, pipe.codec.decode)
+            out["divergence"] = divergence.to_dict() if divergence is not None else None
     if args.json:
         print(json.dumps(out))
     else:
@@ -157,6 +167,8 @@ def _summary(out: dict[str, Any]) -> str:
             f"speedup {_fmt(out['speedup'])}x, "
             f"outputs {'identical' if out['identical'] else 'DIFFERENT'}"
         )
+    if out.get("divergence"):
+        lines.append(out["divergence"]["description"])
     return "\n".join(lines)
 
 
@@ -200,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             allowed = set(vars(args)) - {"func", "command", "config"}
             commands[args.command].set_defaults(**load_config_file(args.config, allowed))
             args = parser.parse_args(argv)  # flags on the command line still win over the file
+        resolve_draft(args)
         return args.func(args)
     except SpekulaError as e:
         print(f"spekula: error: {e}", file=sys.stderr)

@@ -106,8 +106,13 @@ class SpecConfig:
     # token is still verified); None = always draft k. transformers' assistant_confidence_threshold.
     draft_confidence: float | None = None
     suffix: SuffixOptions = SuffixOptions()  # the suffix proposer's (used by --draft suffix only)
+    # Keep the last finished request's cache for the next request that starts with the same tokens (a
+    # chat's next turn): it prefills only the rest (spekula.prompt_cache). Not speculation, but the engine's.
+    prompt_cache: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.prompt_cache, bool):
+            raise ConfigError(f"prompt_cache must be true or false, got {self.prompt_cache!r}")
         if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
             raise ConfigError(f"k (draft length) must be an integer >= 0 (0 = plain decoding), got {self.k!r}")
         if self.k is not None and self.k > 64:
@@ -157,10 +162,15 @@ class BackendConfig:
     # llama.cpp: compute a block of tokens bit for bit as one token at a time (greedy speculative output
     # == plain decoding), at the cost in docs/BENCHMARKS.md. The other runtimes are block-invariant anyway.
     exact: bool = False
+    # Most tokens one sequence (prompt + output) holds; None: the runtime's default (llama.cpp 4096, its
+    # KV cache allocated whole per running request; the others the model's own context).
+    context_length: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.exact, bool):
             raise ConfigError(f"exact must be true or false, got {self.exact!r}")
+        if self.context_length is not None and (not isinstance(self.context_length, int) or self.context_length < 2):
+            raise ConfigError(f"context_length must be an integer >= 2, got {self.context_length!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):

@@ -26,7 +26,9 @@ from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
 from spekula.cost import CostModel
+from spekula.divergence import ranked
 from spekula.limits import check_prompt
+from spekula.prompt_cache import PromptCache
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
 from spekula.trace import DraftedToken, Recorder, RequestStats, StepRecord
@@ -41,6 +43,7 @@ class Engine:
         self.proposer = proposer
         self.spec = spec
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
+        self.prompt_cache = PromptCache(target, enabled=spec.prompt_cache)  # this engine's requests only
         self._max_batch = 1  # the widest batch the last calibrate measured for
 
     def calibrate(self, max_batch: int = 1) -> None:
@@ -109,10 +112,11 @@ class Generation:
         else:
             self.generator.manual_seed(sampling.seed)
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
-        self.target_sequence = None  # opened by the first step
+        self.target_sequence = None  # opened by the first prefill chunk (the first plan() prefills in one)
         self.proposer: Proposer | None = None
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
         self._start_time: float | None = None
+        self._prefill_done = False
         self._step = 0
         self._finished = False
         self._steps = self._run()
@@ -152,14 +156,15 @@ class Generation:
 
     def plan(self, k: int | None = None) -> "PlannedStep | None":
         """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
-        score pass must run. None when the request is finished. The first call prefills the prompt.
+        score pass must run. None when the request is finished. The first call prefills the prompt
+        (what prefill() has not).
 
         k: a batching scheduler's choice for the whole batch (None: this request's controller).
         """
         if self.finish_reason is not None:
             return None
-        if self.target_sequence is None:
-            self._start()
+        if not self.prefill_done:
+            self.prefill()  # what is left of the prompt, in one pass
         committed = self._committed
         budget = min(self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(committed))
         if budget <= 0:
@@ -230,25 +235,61 @@ class Generation:
         self._step += 1
         return emitted
 
-    def open(self) -> list[int]:
-        """Open this request's caches; returns the prompt tokens the target must prefill (all but the
-        pending last one). The first plan() does this and the prefill itself; a batching scheduler
-        may instead open several requests and prefill them in one forward, then call prefilled()."""
+    # -- the prefill: the whole prompt in one pass (the first plan()), or in chunks a scheduler interleaves
+    # with other requests' steps ------------------------------------------------------------------
+
+    @property
+    def prefill_done(self) -> bool:
+        """The target's cache holds the prompt (all but the pending last token): the next plan() decodes."""
+        return self._prefill_done
+
+    @property
+    def prefill_left(self) -> int:
+        """Prompt tokens the target has still to prefill (0 once prefill_done, and for a one-token prompt)."""
+        if self._prefill_done:
+            return 0
+        held = self.target_sequence.length if self.target_sequence is not None else 0
+        return len(self.prompt_ids) - 1 - held
+
+    def prefill(self, budget: int | None = None) -> int:
+        """Prefill up to `budget` more prompt tokens (None: all that are left) in one target pass.
+        Returns the tokens still left; at 0 the next plan() decodes."""
+        self.prefill_chunk(budget).run()
+        return self.prefilled()
+
+    def prefill_chunk(self, budget: int | None = None) -> "PrefillChunk":
+        """The next piece of the prompt for the target, at most `budget` tokens (None: all that are
+        left), as a pass to run: alone (chunk.run()) or with other requests' chunks in one batched
+        forward; then call prefilled(). The first call opens the caches and starts the request's clock.
+        A chunk may be empty (a one-token prompt: nothing to prefill)."""
+        if budget is not None and budget < 1:
+            raise ValueError(f"a prefill budget is at least 1 token (None: the whole prompt), got {budget}")
+        if self._prefill_done:
+            raise RuntimeError("the prompt is prefilled already")
+        if self.target_sequence is None:
+            self._open()
+        start = self.target_sequence.length
+        end = len(self.prompt_ids) - 1 if budget is None else min(start + budget, len(self.prompt_ids) - 1)
+        return PrefillChunk(self.target_sequence, self._committed[start:end])
+
+    def prefilled(self) -> int:
+        """After a chunk's pass: the prompt tokens still to prefill. At 0 the prefill is over, and
+        stats.prefill_s records its wall time from the first chunk to now (with a scheduler, the other
+        requests' steps between the chunks included)."""
+        left = self.prefill_left
+        if left == 0 and not self._prefill_done:
+            self._prefill_done = True
+            self.stats.prefill_s = time.perf_counter() - self._start_time
+        return left
+
+    def _open(self) -> None:
+        """Open this request's caches (target and proposer) and start its clock."""
         engine = self.engine
         self._start_time = time.perf_counter()
         # Kept on self so tests and tools can inspect the caches between steps.
-        self.target_sequence = engine.target.new_sequence()
+        self.target_sequence = engine.prompt_cache.open(self._committed[:-1])
+        self.stats.cached_tokens = self.target_sequence.length
         self.proposer = engine.proposer.create(self.namespace) if engine.proposer else None
-        return self._committed[:-1]
-
-    def prefilled(self) -> None:
-        self.stats.prefill_s = time.perf_counter() - self._start_time
-
-    def _start(self) -> None:
-        prefix = self.open()
-        if prefix:
-            self.target_sequence.forward(prefix, num_logits=1)
-        self.prefilled()
 
     def _finish(self) -> None:
         """Runs once, however the request ends (finished, stopped early, failed): frees the caches."""
@@ -259,8 +300,8 @@ class Generation:
         stats.total_s = time.perf_counter() - self._start_time if self._start_time is not None else 0.0
         stats.plain_pass_s = self.engine.costs.target_s.get(1)
         stats.finish_reason = self.finish_reason = self.finish_reason or "abort"
-        if self.target_sequence is not None:
-            self.target_sequence.release()
+        if self.target_sequence is not None:  # kept for a next request that starts the same way, unless it failed
+            self.engine.prompt_cache.close(self.target_sequence, reusable=self.finish_reason in ("stop", "length"))
         if self.proposer is not None:
             self.proposer.close()
         if self.recorder is not None:
@@ -309,6 +350,19 @@ class Generation:
         emitted = emitted[:room]
         self.token_ids.extend(emitted)
         return emitted
+
+
+@dataclass
+class PrefillChunk:
+    """A piece of a request's prompt for the target to prefill: the pass is `sequence.forward(tokens,
+    num_logits=1)` (the logits are not used: the first decode step feeds the pending last token)."""
+
+    sequence: Sequence
+    tokens: list[int]
+
+    def run(self) -> None:
+        if self.tokens:
+            self.sequence.forward(self.tokens, num_logits=1)
 
 
 @dataclass
@@ -373,4 +427,5 @@ def _step_record(
         timings=timings,
         predicted_speedup=predicted,
         reason=step.reason,
+        target_top=ranked(logits[: n + 1]),
     )

@@ -19,7 +19,7 @@ SUFFIX_FLAGS = ("cache_entries", "cache_mb", "max_depth", "min_token_prob", "spe
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Target, draft, speculation and runtime options shared by every command that runs models."""
-    from spekula.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET
+    from spekula.pipeline import DEFAULT, DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument(
         "--target",
@@ -28,8 +28,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--draft",
-        default=DEFAULT_DRAFT,
-        help=f"proposer: a draft model (name or path), 'ngram', 'suffix', or 'none' (default {DEFAULT_DRAFT})",
+        default=DEFAULT,
+        help="proposer: a draft model (name or path), 'ngram', 'suffix', or 'none' (default: 'suffix' on a "
+        f"llama.cpp target, the draft model {DEFAULT_DRAFT} on the other runtimes)",
     )
     p.add_argument(
         "--k",
@@ -51,6 +52,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
     p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="most tokens a request (prompt + output) may hold (default: llama.cpp 4096, which allocates this KV "
+        "cache for each running request; the other runtimes the model's own context)",
+    )
+    p.add_argument(
         "--exact",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -58,6 +66,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "equals plain decoding (without it, near-ties in the target's top two logits can flip). Costs throughput: "
         "no repacked weights, flash attention, wide blocks scored in pieces; measured cost in docs/BENCHMARKS.md "
         "(default: off; the other runtimes need no such flag)",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the last finished request's cache, so a request that starts with the same tokens (a chat's next "
+        "turn, a shared system prompt) prefills only the rest, like llama.cpp's cache_prompt (default: on)",
     )
     p.add_argument(
         "--backend",
@@ -162,6 +177,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         ngram_min=args.ngram_min,
         draft_confidence=args.draft_confidence,
         suffix=suffix_from_args(args),
+        prompt_cache=getattr(args, "prompt_cache", True),
     )
 
 
@@ -183,14 +199,28 @@ def backend_from_args(args: argparse.Namespace) -> BackendConfig:
         threads=args.threads,
         runtime=args.backend or default_runtime(args.target, dtype=args.dtype),
         exact=args.exact,
+        context_length=args.context_length,
     )
+
+
+def resolve_draft(args: argparse.Namespace) -> None:
+    """--draft left at its default: the proposer pipeline.default_draft picks for the target's runtime, so every
+    command (and a tuned config or a bench --spec without draft=) sees a concrete proposer."""
+    from spekula.pipeline import DEFAULT, default_draft
+
+    if getattr(args, "draft", None) == DEFAULT:
+        args.draft = default_draft(backend_from_args(args).runtime)
 
 
 def draft_backend_from_args(args: argparse.Namespace, draft: str | None = None) -> BackendConfig:
     """How the draft model (default: --draft) runs."""
-    from spekula.pipeline import draft_backend_config
+    from spekula.pipeline import DEFAULT, default_draft, draft_backend_config
 
-    return draft_backend_config(draft or args.draft, backend_from_args(args), args.draft_backend)
+    target = backend_from_args(args)
+    draft = draft or args.draft
+    return draft_backend_config(
+        default_draft(target.runtime) if draft == DEFAULT else draft, target, args.draft_backend
+    )
 
 
 def parse_k(text: str) -> int | None:

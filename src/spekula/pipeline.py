@@ -21,7 +21,8 @@ from spekula.text import IncrementalDetokenizer, StopMatcher, TextCodec
 from spekula.trace import Recorder, RequestStats
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"  # the draft model, where a draft model is the default proposer (default_draft)
+DEFAULT = "default"  # --draft's default: the proposer default_draft picks for the target's runtime
 
 
 @dataclass
@@ -124,7 +125,7 @@ class Pipeline:
     def load(
         cls,
         target: str = DEFAULT_TARGET,
-        draft: str | None = DEFAULT_DRAFT,
+        draft: str | None = DEFAULT,
         spec: SpecConfig = SpecConfig(),
         backend: BackendConfig | None = None,
         draft_backend: BackendConfig | None = None,
@@ -132,8 +133,9 @@ class Pipeline:
         """backend: how the target runs (default: default_runtime's choice). draft_backend: how the draft
         runs (default: like the target). Mixed pairs are fine: the guarantee rests on the target's
         probabilities only, so a quantised llama.cpp draft may serve a bf16 PyTorch target as long as
-        the vocabulary is the same."""
+        the vocabulary is the same. draft DEFAULT: default_draft's choice for the target's runtime."""
         backend = backend or BackendConfig(runtime=default_runtime(target))
+        draft = default_draft(backend.runtime) if draft == DEFAULT else draft
         draft_backend = draft_backend or backend
         target_backend, codec = load_model(target, backend)
         loaded = {(target, backend): (target_backend, codec)}
@@ -205,13 +207,23 @@ def default_runtime(target: str, device: str | None = None, dtype: str = "float3
 
     device: "cpu" or "cuda" (default: "cuda" when torch sees a GPU); dtype: a --dtype other than float32
     asks for PyTorch weights in that precision, so it runs native. The one place this decision lives."""
-    if device is None:
+    if dtype != "float32" or not is_gguf(target) or not has_llama_cpp():
+        return NATIVE
+    if device is None:  # asked last: it imports torch
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and dtype == "float32" and is_gguf(target) and has_llama_cpp():
-        return LLAMACPP
-    return NATIVE
+    return LLAMACPP if device == "cpu" else NATIVE
+
+
+def default_draft(runtime: str) -> str:
+    """The proposer when nobody says (an explicit --draft always wins): suffix lookup on a llama.cpp target,
+    the draft model DEFAULT_DRAFT on the others. On a CPU with few cores every verified row costs (llama.cpp's
+    pass costs: docs/BENCHMARKS.md, physics), so only drafting that is free can pay there, and then only where
+    text is being copied; the controller keeps suffix lookup off elsewhere. PyTorch runtimes verify a block for
+    little more than one token (packed fp32 weights, a GPU), so a draft model's longer accepted runs pay there.
+    The output does not depend on it: every proposer is lossless."""
+    return "suffix" if runtime == LLAMACPP else DEFAULT_DRAFT
 
 
 def default_draft_runtime(draft: str | None, target_runtime: str) -> str:
@@ -230,7 +242,10 @@ def draft_backend_config(draft: str | None, target: BackendConfig, runtime: str 
     own quantisation, so it gets dtype float32 (a placeholder), the others the target's dtype."""
     runtime = runtime or default_draft_runtime(draft, target.runtime)
     return BackendConfig(
-        dtype="float32" if runtime == LLAMACPP else target.dtype, threads=target.threads, runtime=runtime
+        dtype="float32" if runtime == LLAMACPP else target.dtype,
+        threads=target.threads,
+        runtime=runtime,
+        context_length=target.context_length,
     )
 
 
@@ -251,9 +266,11 @@ __all__ = [
     "TextGeneration",
     "load_model",
     "default_runtime",
+    "default_draft",
     "default_draft_runtime",
     "draft_backend_config",
     "DEFAULT_TARGET",
     "DEFAULT_DRAFT",
+    "DEFAULT",
     "needs_model",
 ]

@@ -26,6 +26,7 @@ from typing import IO, Any, Protocol
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the prompt cache already held (not prefilled again)
     output_tokens: int = 0
     target_passes: int = 0  # decode passes of the target (the prefill is not counted)
     drafts: int = 0  # passes that verified at least one drafted token
@@ -146,6 +147,9 @@ class StepRecord:
     timings: dict[str, float]  # seconds: draft, score, accept, advance
     predicted_speedup: float | None = None  # the controller's prediction for the chosen k
     reason: str | None = None  # why k was chosen: "speculate: k=7 predicted 1.80x", "probe: ...", "no draft: no match"
+    # per token the step decided (the accepted ones, then the recovered / bonus one): the target's best
+    # tokens there, best first, as (id, how far its raw logit trails the best's); spekula.divergence reads it
+    target_top: list[list[tuple[int, float]]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "step", **asdict(self)}

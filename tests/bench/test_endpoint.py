@@ -9,7 +9,7 @@ import json
 import pytest
 
 from spekula.bench.audit import AuditReport, compare_texts, format_report
-from spekula.bench.endpoint import Endpoint, Load, _sse_events, normalise_url, run_endpoint
+from spekula.bench.endpoint import Endpoint, Load, _sse_events, borrow_token_counts, normalise_url, run_endpoint
 from spekula.bench.metrics import RequestResult, attach_comparisons, summarise_by_config
 from spekula.bench.runner import SpecChoice
 from spekula.bench.workloads import load_workload
@@ -268,3 +268,37 @@ def test_server_sent_events_are_read_as_the_spec_says():
 
     raw = ': a comment\nevent: error\ndata: {"message": "x"}\n\ndata: a\ndata:b\nid: 3\n\ndata: [DONE]'
     assert asyncio.run(events(raw)) == [("error", '{"message": "x"}'), (None, "a\nb"), (None, "[DONE]")]
+
+
+def test_an_endpoint_extra_body_is_sent_but_never_overrides_the_shared_fields(unseen_workload):
+    bodies: list[dict] = []
+    plain = contenders_for(table(0), {}, [])[0]
+    items = load_workload(unseen_workload)[:1]
+    extra = {"repeat_penalty": 1.0, "top_k": 0}
+    with Served(make_app(plain, ByteCodec(), fault=lambda body: bodies.append(body) or None)) as s:
+        results, _, _ = run_endpoint(
+            Endpoint("e", s.url, extra_body=extra), items, SamplingParams(top_k=5), Load(), max_tokens=4, progress=False
+        )
+    assert results[0].ok and len(bodies) == 1
+    assert bodies[0]["repeat_penalty"] == 1.0 and bodies[0]["top_k"] == 5  # the command line's top-k wins
+    for field in ("max_tokens", "temperature", "model"):
+        with pytest.raises(ConfigError, match=f"may not set {field}"):
+            Endpoint("e", s.url, extra_body={field: 1})
+
+
+def test_a_count_of_stream_chunks_takes_the_usage_count_of_an_identical_text_only():
+    def result(config, prompt, text, tokens, source, error=None):
+        stats = RequestStats(output_tokens=tokens, total_s=1.0, finish_reason="length")
+        return RequestResult(prompt, "c", config, stats, text, None, error=error, token_count_source=source)
+
+    results = [
+        result("spekula", "a", "same text", 9, "usage"),
+        result("llama", "a", "same text", 7, "chunks"),  # a character split over tokens: fewer chunks
+        result("spekula", "b", "one text", 9, "usage"),
+        result("llama", "b", "another text", 7, "chunks"),
+        result("llama", "c", "same text", 7, "chunks"),  # another prompt: not the same tokens
+    ]
+    assert borrow_token_counts(results) == 1
+    assert (results[1].stats.output_tokens, results[1].token_count_source) == (9, "usage (identical text)")
+    assert [r.stats.output_tokens for r in results[3:]] == [7, 7]
+    assert {r.token_count_source for r in results[3:]} == {"chunks"}

@@ -9,9 +9,11 @@ import pytest
 
 from spekula.bench.workloads import (
     BUILTIN_CATEGORIES,
+    WorkItem,
     WorkloadError,
     builtin_workload,
     categories,
+    conversation_order,
     load_workload,
     select,
 )
@@ -148,3 +150,16 @@ def test_select():
     assert len(select(items, limit=4)) == 4
     with pytest.raises(ConfigError, match="unknown category poetry"):
         select(items, categories_wanted=["poetry"])
+
+
+def test_a_sessions_turns_run_one_after_the_other():
+    items = builtin_workload()
+    ids = [i.id for i in items]
+    for later in (i for i in items if i.category == "repeat-editing-later"):
+        first = later.id.replace("-turn2", "-turn1")
+        assert ids.index(later.id) == ids.index(first) + 1
+    chosen = select(items, categories_wanted=["repeat-editing", "repeat-editing-later"], per_category=2)
+    assert [i.id for i in chosen] == [f"repeat-editing-0{n}-turn{t}" for n in (1, 2) for t in (1, 2)]
+    plain = [WorkItem("a", "x", prompt="p"), WorkItem("s-turn2", "y", prompt="p"), WorkItem("b", "x", prompt="p")]
+    plain.append(WorkItem("s-turn1", "x", prompt="p"))
+    assert [i.id for i in conversation_order(plain)] == ["a", "s-turn1", "s-turn2", "b"]

@@ -73,8 +73,15 @@ def test_main_prints_one_line_per_model_and_width(script, monkeypatch, capsys):
     assert script.main(argv) == 0
     assert loaded == [("a", "native", "float32"), ("b", "native", "float32")]
     lines = capsys.readouterr().out.splitlines()
-    pattern = re.compile(r"^(a|b) native float32 context=12 S=(1|4): \d+ ms$")
-    assert [pattern.match(line).groups() for line in lines] == [("a", "1"), ("a", "4"), ("b", "1"), ("b", "4")]
+    pattern = re.compile(r"^(a|b) native float32 context=12 S=(1|4): \d+ ms \(at most (\d+\.\d+)x at alpha = 1\)$")
+    found = [pattern.match(line).groups() for line in lines]
+    assert [(m, w) for m, w, _ in found] == [("a", "1"), ("a", "4"), ("b", "1"), ("b", "4")]
+    assert found[0][2] == found[2][2] == "1.00"  # one token per one-token pass
+
+
+def test_the_bound_at_full_acceptance_is_tokens_per_pass_over_its_cost(script):
+    assert script.bound_at_full_acceptance(4, 0.2, 0.1) == pytest.approx(2.0)  # 4 tokens for the price of 2
+    assert script.bound_at_full_acceptance(17, 0.785, 0.077) == pytest.approx(17 * 0.077 / 0.785)
 
 
 def test_defaults(script):

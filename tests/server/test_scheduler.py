@@ -54,8 +54,9 @@ class Outcome:
         return "".join(e.text for _, e in self.events if isinstance(e, Delta))
 
 
-def run(pipe, requests: list[Request], scheduler: Scheduler | None = None) -> list[Outcome]:
-    scheduler = scheduler or Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+def run(pipe, requests: list[Request], scheduler: Scheduler | None = None, **options) -> list[Outcome]:
+    """options: for the Scheduler (e.g. prefill_chunk)."""
+    scheduler = scheduler or Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16, **options)
     outcomes = [Outcome([]) for _ in requests]
     for i, r in enumerate(requests):
         sink = outcomes[i].events.append
@@ -128,13 +129,14 @@ def test_a_request_is_finished_in_the_round_it_finishes(kind):
 @pytest.mark.parametrize("kind", PIPELINES)
 def test_a_stop_string_or_a_full_context_ends_the_request_in_that_round(kind):
     """The other ends: a stop string (found by the text layer) and a context that has no room for
-    another token (found by the engine in complete(), not by the next plan())."""
+    another token (found by the engine in complete(), not by the next plan()). Whole prompts, so the
+    long one is prefilled in round 1 (chunked prefill: tests/server/test_prefill_chunks.py)."""
     pipe = PIPELINES[kind](4)
     full = pipe.generate(pipe.codec.encode("stop here"), SamplingParams(), StopConfig(max_tokens=40), plain=True).text
     stop = full[12:14]
     context = pipe.target.context_length
     crowded = "x" * (context - 10)  # room for 10 tokens; max_tokens asks for more
-    stopped, filled = run(pipe, [Request("stop here", 40, stop=(stop,)), Request(crowded, 100)])
+    stopped, filled = run(pipe, [Request("stop here", 40, stop=(stop,)), Request(crowded, 100)], prefill_chunk=0)
     assert stopped.text == stopped.finished.text == full[: full.index(stop)]
     assert stopped.finished.finish_reason == "stop" and stopped.finished_round == stopped.finished.stats.target_passes
     assert filled.finished.finish_reason == "length" and filled.finished.stats.output_tokens == 10

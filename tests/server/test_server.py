@@ -43,6 +43,16 @@ def fast():
 # -- the OpenAI API, through the official client --------------------------------------------------
 
 
+def test_a_repeated_prompt_is_served_from_the_prompt_cache_with_the_same_text():
+    pipe = fake_pipeline(draft="other", k=4)
+    with serving(create_app(pipe, ServerSettings())) as running:
+        c = client(running.url)
+        first, again = (c.completions.create(model=MODEL, prompt="Once upon", max_tokens=12) for _ in range(2))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1  # all but the last
+    assert again.choices[0].text == first.choices[0].text
+
+
 def test_completion_and_chat_through_the_openai_client(fast):
     c = client(fast.url)
     done = c.completions.create(model=MODEL, prompt="Once upon", max_tokens=24)

@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 
 from spekula.config import BackendConfig
-from spekula.options import add_model_options, backend_from_args, draft_backend_from_args
-from spekula.pipeline import default_draft_runtime, default_runtime, draft_backend_config
+from spekula.options import add_model_options, backend_from_args, draft_backend_from_args, resolve_draft
+from spekula.pipeline import DEFAULT_DRAFT, default_draft, default_draft_runtime, default_runtime, draft_backend_config
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -68,3 +68,17 @@ def test_what_has_no_gguf_runs_like_the_target(tmp_path):
     explicit = draft_backend_from_args(parse("--draft-backend", "transformers", "--dtype", "bfloat16"))
     assert explicit == BackendConfig(dtype="bfloat16", runtime="transformers")
     assert draft_backend_config("ngram", BackendConfig(dtype="bfloat16", runtime="native")).dtype == "bfloat16"
+
+
+def test_the_default_proposer_follows_the_targets_runtime():
+    assert default_draft("llamacpp") == "suffix"  # every verified row costs there: only free drafting can pay
+    assert default_draft("native") == default_draft("transformers") == DEFAULT_DRAFT
+    args = parse("--backend", "native")
+    resolve_draft(args)
+    assert args.draft == DEFAULT_DRAFT
+    args = parse("--backend", "llamacpp")
+    resolve_draft(args)
+    assert args.draft == "suffix"
+    args = parse("--backend", "llamacpp", "--draft", "ngram")  # an explicit --draft always wins
+    resolve_draft(args)
+    assert args.draft == "ngram"

@@ -21,13 +21,16 @@ Loader = Callable[[Path, str, BackendConfig, "Path | None"], Backend]
 def _transformers(path: Path, name: str, config: BackendConfig, gguf_path: Path | None) -> Backend:
     from spekula.backends.hf import TransformersBackend
 
-    return TransformersBackend.load(path, name=name, config=config)
+    backend = TransformersBackend.load(path, name=name, config=config)
+    if config.context_length is not None:  # a cap on the model's own context, as the native runner's max_cache_len
+        backend.context_length = min(backend.context_length, config.context_length)
+    return backend
 
 
 def _native(path: Path, name: str, config: BackendConfig, gguf_path: Path | None) -> Backend:
     from spekula.backends.native import NativeBackend
 
-    return NativeBackend.load(path, name=name, config=config)
+    return NativeBackend.load(path, name=name, config=config, max_cache_len=config.context_length)
 
 
 def _llamacpp(path: Path, name: str, config: BackendConfig, gguf_path: Path | None) -> Backend:
@@ -37,6 +40,8 @@ def _llamacpp(path: Path, name: str, config: BackendConfig, gguf_path: Path | No
         raise ConfigError(
             f"the llamacpp backend runs GGUF files; {name!r} has none. Pass a catalogue name or a .gguf path"
         )
+    if config.context_length is not None:
+        return LlamaCppBackend(gguf_path, name=name, config=config, context_length=config.context_length)
     return LlamaCppBackend(gguf_path, name=name, config=config)
 
 

@@ -3,9 +3,10 @@
 Two checks, each against plain decoding of the same target:
 
 1. greedy equality: for every prompt and every speculative configuration, the greedy output must
-   equal plain decoding's token for token (in float32; in bf16 / fp16 a verify pass over k + 1
-   tokens and a one-token pass may round differently, so a near-tie can flip — the report shows
-   the target's top-2 logit gap at the first difference to tell the two apart);
+   equal plain decoding's token for token. Where a runtime scores a block with other kernels than one
+   token (llama.cpp without --exact; bf16 / fp16), a verify pass and a one-token pass round
+   differently, so a near-tie can flip: every difference is reported with the target's top-2 logit
+   gap there in both runs and classified as a near-tie or a divergence (spekula.divergence);
 2. the sampled distribution: for a few prompts, many seeded speculative samples of the first
    `positions` tokens; at position j, among the samples that share the most common prefix of
    length j, the next token's counts are compared with the target's exact probabilities
@@ -14,7 +15,8 @@ Two checks, each against plain decoding of the same target:
    with Bonferroni's correction over all tests, the whole audit fails falsely with probability at
    most `level` (default 0.01).
 
-Against a pair of endpoints only the greedy check runs (an HTTP API exposes no exact p). A request
+Against a pair of endpoints only the greedy check runs, on text and without logits (an HTTP API
+exposes no exact p), so a difference there is reported but not classified. A request
 that fails on either side (an error, or an answer that is not whole: spekula.bench.endpoint) is
 listed as an error and its prompt is not compared; the audit then cannot pass.
 """
@@ -26,11 +28,20 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import torch
 
 from spekula.bench.runner import Contender
 from spekula.bench.workloads import WorkItem
 from spekula.config import SamplingParams, StopConfig
+from spekula.divergence import (
+    DIVERGENCE,
+    NEAR_TIE,
+    NEAR_TIE_GAP,
+    Divergence,
+    TopLog,
+    find_divergence,
+    first_difference,
+    replay_plain,
+)
 from spekula.sampling import probabilities
 from spekula.stats import chi_square_pvalue
 
@@ -40,11 +51,22 @@ class GreedyCase:
     config: str
     prompt_id: str
     identical: bool
-    tokens: int  # output tokens of plain decoding
-    first_difference: int | None = None  # index of the first differing output token
-    plain_token: Any = None
-    spec_token: Any = None
-    top2_logit_gap: float | None = None  # target's logit gap between its two best tokens there (near 0: numerics)
+    tokens: int  # output tokens of plain decoding (characters for endpoints' texts)
+    divergence: Divergence | None = None  # where and why the outputs part (None: identical, or both empty)
+
+    @property
+    def first_difference(self) -> int | None:
+        return self.divergence.position if self.divergence is not None else None
+
+    @property
+    def top2_logit_gap(self) -> float | None:
+        """The target's top-2 logit gap at the first difference in the plain run (None: not known)."""
+        return self.divergence.plain_gap if self.divergence is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["divergence"] = self.divergence.to_dict() if self.divergence is not None else None
+        return d
 
 
 @dataclass
@@ -91,8 +113,9 @@ class AuditReport:
             "level": self.level,
             "threshold": self.threshold,
             "min_pvalue": min((t.pvalue for t in self.distribution), default=None),
-            "greedy": [asdict(c) for c in self.greedy],
-            "endpoint_greedy": [asdict(c) for c in self.endpoint_greedy],
+            "greedy": [c.to_dict() for c in self.greedy],
+            "near_ties": sum(c.divergence is not None and c.divergence.verdict == NEAR_TIE for c in self.greedy),
+            "endpoint_greedy": [c.to_dict() for c in self.endpoint_greedy],
             "endpoint_errors": self.endpoint_errors,
             "distribution": [asdict(t) for t in self.distribution],
         }
@@ -104,18 +127,25 @@ def audit_greedy(
     prompt_ids: dict[str, list[int]],
     max_tokens: int | None,
     progress=None,
+    decode=None,
 ) -> list[GreedyCase]:
-    """Greedy output of every speculative contender against the plain one (contenders[0])."""
+    """Greedy output of every speculative contender against the plain one (contenders[0]); each run
+    keeps the target's top-2 per position (TopLog), so a difference is reported with both runs' gaps.
+    decode: token ids -> text, to show the tokens where outputs part."""
     plain, spec = contenders[0], contenders[1:]
     greedy = SamplingParams()
     cases = []
     for item in items:
         ids = prompt_ids[item.id]
         stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens))
-        reference = plain.engine.generate(ids, greedy, stop).run().token_ids
+        plain_log = TopLog()
+        reference = plain.engine.generate(ids, greedy, stop, recorder=plain_log).run().token_ids
         for c in spec:
-            out = c.engine.generate(ids, greedy, stop).run().token_ids
-            cases.append(compare_tokens(c.name, item.id, reference, out, target=plain.engine.target, prompt_ids=ids))
+            spec_log = TopLog()
+            out = c.engine.generate(ids, greedy, stop, recorder=spec_log).run().token_ids
+            cases.append(
+                compare_tokens(c.name, item.id, reference, out, plain_log=plain_log, spec_log=spec_log, decode=decode)
+            )
             if progress is not None:
                 progress()
     return cases
@@ -128,33 +158,42 @@ def compare_tokens(
     output: list[int],
     target=None,
     prompt_ids: list[int] | None = None,
+    *,
+    plain_log: TopLog | None = None,
+    spec_log: TopLog | None = None,
+    decode=None,
 ) -> GreedyCase:
+    """reference: plain decoding's tokens, output: the speculative run's. The gaps come from the runs'
+    logs; without a plain log but with the target and the prompt, the plain run's row is recomputed
+    as plain decoding computes it (replay_plain: one pass per output token, only where outputs part)."""
     if output == reference:
         return GreedyCase(config, prompt_id, True, len(reference))
-    i = next((j for j, (a, b) in enumerate(zip(reference, output)) if a != b), min(len(reference), len(output)))
-    case = GreedyCase(
-        config,
-        prompt_id,
-        False,
-        len(reference),
-        i,
-        reference[i] if i < len(reference) else "<end>",
-        output[i] if i < len(output) else "<end>",
-    )
-    if target is not None and prompt_ids is not None:
-        logits = target.new_sequence().forward(prompt_ids + reference[:i], num_logits=1)[-1]
-        top2 = torch.topk(logits.float(), 2).values
-        case.top2_logit_gap = float(top2[0] - top2[1])
-    return case
+    plain_row = None
+    if plain_log is None and target is not None and prompt_ids is not None:
+        plain_row = replay_plain(target, prompt_ids, reference[: first_difference(reference, output)])
+    divergence = find_divergence(reference, output, plain_log, spec_log, decode, plain_row=plain_row)
+    return GreedyCase(config, prompt_id, False, len(reference), divergence)
 
 
 def compare_texts(config: str, prompt_id: str, reference: str, output: str) -> GreedyCase:
+    """Two endpoints' texts: where they part, without logits (an HTTP API returns none)."""
     if not reference and not output:  # two empty texts show nothing: identity is never claimed on them
-        return GreedyCase(config, prompt_id, False, 0, None, "<empty>", "<empty>")
+        return GreedyCase(config, prompt_id, False, 0)
     if output == reference:
         return GreedyCase(config, prompt_id, True, len(reference))
-    i = next((j for j, (a, b) in enumerate(zip(reference, output)) if a != b), min(len(reference), len(output)))
-    return GreedyCase(config, prompt_id, False, len(reference), i, reference[i : i + 20], output[i : i + 20])
+    i = first_difference(reference, output)
+    divergence = Divergence(
+        position=i,
+        plain_token=None,
+        spec_token=None,
+        plain_text=reference[i : i + 20] or "<end>",
+        spec_text=output[i : i + 20] or "<end>",
+        before=reference[max(0, i - 40) : i],
+        plain_gap=None,
+        spec_gap=None,
+        unit="character",
+    )
+    return GreedyCase(config, prompt_id, False, len(reference), divergence)
 
 
 def audit_distribution(
@@ -209,7 +248,7 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
             f"greedy equality (in-process): {same}/{len(report.greedy)} outputs identical to plain decoding -> "
             f"{'PASS' if all(c.identical for c in report.greedy) else 'FAIL'}"
         )
-        lines += [_difference(c) for c in report.greedy if not c.identical][:20]
+        lines += _differences(report.greedy)
     if report.endpoint_greedy:
         same = sum(c.identical for c in report.endpoint_greedy)
         lines.append(
@@ -217,7 +256,7 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
             "endpoint -> "
             f"{'PASS' if all(c.identical for c in report.endpoint_greedy) else 'FAIL'}"
         )
-        lines += [_difference(c) for c in report.endpoint_greedy if not c.identical][:20]
+        lines += _differences(report.endpoint_greedy)
     if report.endpoint_errors:
         n = len(report.endpoint_errors)
         lines.append(
@@ -249,20 +288,24 @@ def format_report(report: AuditReport, sampling: SamplingParams | None = None) -
     return "\n".join(lines)
 
 
-def _difference(c: GreedyCase) -> str:
-    if c.first_difference is None:
-        return f"  NOTHING TO COMPARE: {c.config} on {c.prompt_id}: both outputs are empty"
-    gap = (
-        f"; target's top-2 logit gap there {c.top2_logit_gap:.4g}"
-        + (
-            " (a near tie: numerics, see --dtype float32)"
-            if c.top2_logit_gap is not None and c.top2_logit_gap < 1e-2
-            else ""
+def _differences(cases: list[GreedyCase], limit: int = 20) -> list[str]:
+    """One line per difference (the first `limit`), then how many were near-ties."""
+    different = [c for c in cases if not c.identical]
+    lines = [_difference(c) for c in different[:limit]]
+    if len(different) > limit:
+        lines.append(f"  ... and {len(different) - limit} more (all of them in the JSON results)")
+    verdicts = Counter(c.divergence.verdict for c in different if c.divergence is not None)
+    if verdicts[NEAR_TIE] or verdicts[DIVERGENCE]:
+        lines.append(
+            f"  {verdicts[NEAR_TIE]} near-tie(s): the two tokens' logits moved less than {NEAR_TIE_GAP} between the "
+            "runs, as a block pass's rounding moves them against a one-token pass (--exact on llama.cpp, --dtype "
+            f"float32 elsewhere, makes them agree); {verdicts[DIVERGENCE]} DIVERGENCE(s): not explained by rounding, "
+            "a bug?"
         )
-        if c.top2_logit_gap is not None
-        else ""
-    )
-    return (
-        f"  DIFFERENT: {c.config} on {c.prompt_id}: first difference at output position {c.first_difference}: "
-        f"plain {c.plain_token!r}, speculative {c.spec_token!r}{gap}"
-    )
+    return lines
+
+
+def _difference(c: GreedyCase) -> str:
+    if c.divergence is None:
+        return f"  NOTHING TO COMPARE: {c.config} on {c.prompt_id}: both outputs are empty"
+    return f"  DIFFERENT: {c.config} on {c.prompt_id}: {c.divergence.describe()}"

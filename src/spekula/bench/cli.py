@@ -24,7 +24,9 @@ SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram|suffix, "
     "k=N (k=2/4/8 measures several), k_max=N (k=auto's longest draft), ngram_max=, ngram_min=, "
     "confidence=P (a draft model stops its draft at a token it gives < P), backend=native|transformers|llamacpp "
-    "(this configuration's target runs on that runtime, loaded once more), name=LABEL; keys not given take "
+    "(this configuration's target runs on that runtime, loaded once more), loop=llama-cpp-python "
+    "(llama-cpp-python's own plain decoding of the target's GGUF, not spekula's engine; draft=none implied), "
+    "name=LABEL; keys not given take "
     "--draft / --k / --k-max / --ngram-max / --ngram-min / --draft-confidence, and the run's --backend. "
     "Repeatable. Default: one configuration from --draft and --k. draft=none,name=LABEL measures plain decoding "
     "again under LABEL: an A/A control that shows this machine's noise"
@@ -85,6 +87,15 @@ def add_endpoint_options(p: argparse.ArgumentParser) -> None:
         help="model name for --baseline-endpoint (default: --model, else the first it lists)",
     )
     g.add_argument("--api-key", default=None, help="bearer token for both endpoints")
+    for flag, which in (("--extra-body", "--endpoint"), ("--baseline-extra-body", "--baseline-endpoint")):
+        g.add_argument(
+            flag,
+            type=json_object,
+            default=None,
+            metavar="JSON",
+            help=f"server-specific fields sent with every request to {which}, e.g. '{{\"repeat_penalty\": 1.0}}' "
+            "for llama_cpp.server (whose defaults are not plain greedy; docs/BENCH.md)",
+        )
     g.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     g.add_argument(
         "--requests",
@@ -126,6 +137,13 @@ def register_bench(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true", help="generate max_tokens tokens even past end-of-sequence")
     p.add_argument("--repeats", type=int, default=1, help="run the whole workload N times (default 1)")
     p.add_argument("--no-warmup", action="store_true", help="skip the short warm-up request of each configuration")
+    p.add_argument(
+        "--baseline",
+        default="plain",
+        metavar="CONFIG",
+        help="the configuration every speedup is over, by name (default plain: spekula's plain decoding; e.g. "
+        "llama-cpp-python with --spec loop=llama-cpp-python)",
+    )
     p.add_argument(
         "--render",
         default=None,
@@ -180,6 +198,30 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="where to write the chosen configuration (default <out>/tuned-config.json)",
+    )
+    p.add_argument(
+        "--backends",
+        default=None,
+        metavar="RUNTIMES",
+        help="comma-separated runtimes to sweep, e.g. llamacpp,native: plain decoding and every configuration on "
+        "each, against plain decoding on the run's runtime (--backend). Default: the run's runtime only (on a CPU "
+        "the native fp32 runtime is several times slower per pass than llama.cpp: docs/BENCHMARKS.md)",
+    )
+    p.add_argument(
+        "--emit",
+        default=None,
+        metavar="ENGINES",
+        help="also write the recommendation as another engine's own speculative configuration: vllm "
+        "(--speculative-config JSON), sglang (--speculative-* flags), llama-server (--spec-* flags); "
+        "comma-separated, or all. Written to <out>/emit-<engine>.sh and printed, with a note wherever the engine "
+        "has no equivalent",
+    )
+    p.add_argument(
+        "--from-config",
+        default=None,
+        metavar="FILE",
+        help="with --emit: emit from an earlier tune's tuned-config.json or tune.json instead of sweeping "
+        "(tune.json also records the k that k=auto chose)",
     )
     add_output_options(p)
     p.set_defaults(func=cmd_tune)
@@ -266,7 +308,7 @@ def load_contenders(args: argparse.Namespace, choices: list):
         log=_log,
         draft_config=lambda name, on: draft_backend_config(name, on, args.draft_backend),
     )
-    contenders = build_contenders(target, codec, choices, loader, loader.runtime)
+    contenders = build_contenders(target, codec, choices, loader, loader.runtime, prompt_cache=args.prompt_cache)
     drafts = list(dict.fromkeys(c.draft for c in choices if not c.plain and needs_model(c.draft)))
     models = [model_identity(args.target, "target")] + [model_identity(d, "draft") for d in drafts]
     return contenders, codec, models
@@ -290,13 +332,29 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def _endpoints(args: argparse.Namespace):
     from spekula.bench.endpoint import Endpoint, Load
 
-    endpoint = Endpoint("endpoint", args.endpoint, args.model, args.api_key)
+    endpoint = Endpoint("endpoint", args.endpoint, args.model, args.api_key, args.extra_body)
     baseline = None
     if args.baseline_endpoint:
-        baseline = Endpoint("baseline", args.baseline_endpoint, args.baseline_model or args.model, args.api_key)
+        baseline = Endpoint(
+            "baseline",
+            args.baseline_endpoint,
+            args.baseline_model or args.model,
+            args.api_key,
+            args.baseline_extra_body,
+        )
     load = Load(args.concurrency, args.requests, args.time_limit, args.request_timeout)
     return endpoint, baseline, load
 
@@ -315,6 +373,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     markdown_into = Path(args.markdown_into) if args.markdown_into else None
     out = out_dir(args, "bench")
     if args.endpoint:
+        if args.baseline != "plain":
+            raise ConfigError("--baseline names an in-process configuration; with --endpoint use --baseline-endpoint")
         endpoint, baseline, load = _endpoints(args)
         result, summary, paths = commands.bench_endpoints(
             endpoint,
@@ -334,6 +394,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.baseline_endpoint:
             raise ConfigError("--baseline-endpoint needs --endpoint (the deployment to compare with it)")
         choices = choices_from_args(args)
+        from spekula.bench.runner import PLAIN, check_baseline
+
+        check_baseline(args.baseline, list(dict.fromkeys([PLAIN] + [c.name for c in choices])))  # before loading
         contenders, codec, models = load_contenders(args, choices)
         names = ", ".join(c.name for c in contenders)
         _log(f"measuring {len(items)} prompts x {len(contenders)} configurations ({names}) ...")
@@ -355,6 +418,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             render_id=args.render,
             markdown_into=markdown_into,
             config=config_of(args),
+            baseline=args.baseline,
         )
     print(summary)
     print(f"results: {paths['results']}\nreport:  {paths['report']}")
@@ -363,33 +427,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    require_extra("bench", "spekula tune")  # before minutes of model loading
-    from spekula.bench import commands
-    from spekula.bench.runner import choice_with_defaults
+    from spekula.bench.emit import parse_engines
     from spekula.errors import ConfigError
 
+    engines = parse_engines(args.emit) if args.emit else []
+    if args.from_config:
+        if not engines:
+            raise ConfigError("--from-config emits an earlier tune's result: give --emit vllm|sglang|llama-server")
+        return emit_from_config(args.from_config, engines, out_dir(args, "tune") if args.out else None)
+    require_extra("bench", "spekula tune")  # before minutes of model loading
+    from dataclasses import replace
+
+    from spekula.bench import commands
+    from spekula.bench.runner import SpecChoice
+    from spekula.bench.tune import sweep_choices
+
     items = items_from_args(args, sample=args.sample or None, sample_seed=args.sample_seed)
+    runtime = backend_from_args(args).runtime
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else []
     if args.spec:
         choices = choices_from_args(args)
+        for other in dict.fromkeys(b for b in backends if b != runtime):
+            choices += [SpecChoice("none", 0, backend=other)] + [
+                replace(c, backend=other) for c in choices_from_args(args) if c.backend is None and not c.plain
+            ]
     else:
         if args.drafts:
             drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
         else:
             drafts = list(dict.fromkeys([args.draft, "ngram"]))
         ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
-        choices = [
-            choice_with_defaults(d, k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max)
-            for d in drafts
-            if d != "none"
-            for k in ks
-            if k != 0
-        ]
+        choices = sweep_choices(
+            drafts,
+            ks,
+            backends=backends,
+            runtime=runtime,
+            ngram_max=args.ngram_max,
+            ngram_min=args.ngram_min,
+            confidence=args.draft_confidence,
+            k_max=args.k_max,
+        )
     if not choices:
         raise ConfigError("nothing to sweep: give --drafts and --ks (or --spec)")
     contenders, codec, models = load_contenders(args, choices)
     out = out_dir(args, "tune")
     config_path = Path(args.write_config) if args.write_config else out / "tuned-config.json"
-    _log(f"sweeping {len(contenders) - 1} configurations + plain decoding on {len(items)} prompts ...")
+    swept = ", ".join(dict.fromkeys([runtime, *backends]))
+    _log(f"sweeping {len(contenders) - 1} configurations + plain decoding on {len(items)} prompts ({swept}) ...")
     outcome, text, paths = commands.tune(
         contenders,
         choices,
@@ -407,13 +491,39 @@ def cmd_tune(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         progress=not args.no_progress,
         config=config_of(args),
+        runtime=runtime,
+        exact=args.exact,
+        emit=engines,
     )
     print(text)
     print(
         json.dumps(
-            {"kind": "spekula-tune", "recommended": outcome["recommended"], "config": outcome["config"], **paths}
+            {
+                "kind": "spekula-tune",
+                "recommended": outcome["recommended"],
+                "runtime": outcome["runtime"],
+                "config": outcome["config"],
+                **paths,
+            }
         )
     )
+    return 0
+
+
+def emit_from_config(path: str, engines: list[str], out: Path | None) -> int:
+    """`spekula tune --from-config FILE --emit ENGINES`: no models loaded, nothing measured."""
+    from spekula.bench.commands import emit_configs
+    from spekula.bench.emit import emit_all, read_tuned
+
+    config, steps_by_k = read_tuned(path)
+    if out is not None:
+        emitted = emit_configs(engines, config, steps_by_k, out)
+    else:
+        emitted = [(e, None) for e in emit_all(engines, config, steps_by_k)]
+    for e, written in emitted:
+        print(e.text() + (f"wrote {written}\n" if written else ""))
+    record = {"kind": "spekula-tune-emit", "from": path, "emit": {e.engine: e.to_dict() for e, _ in emitted}}
+    print(json.dumps(record))
     return 0
 
 
@@ -454,7 +564,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 f"note: --dtype {args.dtype}: a verify pass and a one-token pass may round differently, so greedy "
                 "near-ties can differ without a bug; float32 makes the greedy check exact"
             )
-        contenders, codec, models = load_contenders(args, choices_from_args(args))
+        choices = choices_from_args(args)
+        from spekula.bench.reference import SPEKULA_LOOP
+
+        if any(c.loop != SPEKULA_LOOP for c in choices):
+            raise ConfigError("audit checks spekula's engine; loop= is a `spekula bench` contender only (drop it)")
+        contenders, codec, models = load_contenders(args, choices)
         report = commands.audit(
             contenders,
             codec,

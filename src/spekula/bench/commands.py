@@ -14,7 +14,7 @@ from typing import Any
 
 from spekula.bench import tune as tuning
 from spekula.bench.audit import AuditReport, audit_distribution, audit_greedy, compare_texts
-from spekula.bench.endpoint import Endpoint, Load, run_endpoint
+from spekula.bench.endpoint import Endpoint, Load, borrow_token_counts, run_endpoint
 from spekula.bench.manifest import manifest
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.results import result_dict, write_outputs
@@ -53,8 +53,10 @@ def bench_inprocess(
     markdown_into: Path | None = None,
     config: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    baseline: str = PLAIN,
 ) -> tuple[dict[str, Any], str, dict[str, str]]:
-    """Run, summarise, write results.json / report.html / summary.md / plots. Returns (result, summary, paths)."""
+    """Run, summarise, write results.json / report.html / summary.md / plots. Returns (result, summary, paths).
+    baseline: the configuration every ratio is over (default spekula's plain decoding)."""
     results = run_inprocess(
         contenders,
         codec,
@@ -66,13 +68,14 @@ def bench_inprocess(
         repeats=repeats,
         warmup=warmup,
         progress=progress,
+        baseline=baseline,
     )
     configs = [c.choice.to_dict() for c in contenders]
     result = result_dict(
         mode="in-process",
         target=target_name,
         configs=configs,
-        baseline=PLAIN,
+        baseline=baseline,
         workload_name=workload_name,
         items=items,
         sampling=sampling,
@@ -163,6 +166,7 @@ def bench_endpoints(
         walls[ep.name] = wall
         configs.append({"name": ep.name, "url": ep.url, "model": model, "draft": None, "k": None})
     base_name = baseline.name if baseline else endpoint.name
+    borrow_token_counts(results)  # a server that streams no usage counts an identical text as the other side does
     attach_comparisons(results, base_name, sampling.greedy)
     models = [{"role": c["name"], "name": c["model"], "url": c["url"], "sha256": None} for c in configs]
     load_d = {
@@ -208,8 +212,13 @@ def tune(
     repeats: int = 1,
     progress: bool = True,
     config: dict[str, Any] | None = None,
+    runtime: str | None = None,
+    exact: bool = False,
+    emit: list[str] | tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], str, dict[str, str]]:
-    """Sweep, recommend, write the config file. Returns (tune result, printed text, paths)."""
+    """Sweep, recommend, write the config file (and, for each engine in `emit`, that engine's own
+    speculative configuration: spekula.bench.emit). runtime: the run's own (recorded in the config file).
+    Returns (tune result, printed text, paths)."""
     if min_speedup <= 0:
         raise ConfigError(f"--min-speedup must be > 0, got {min_speedup}")
     result, _, paths = bench_inprocess(
@@ -228,11 +237,14 @@ def tune(
     )
     rows = tuning.table(result["summary"], choices)
     choice, reason = tuning.recommend(rows, choices, min_speedup)
-    tuned = tuning.tuned_config(choice, target_name, dtype, sampling)
+    tuned = tuning.tuned_config(choice, target_name, dtype, sampling, runtime=runtime, exact=exact)
     tuning.write_config(tuned, config_path)
+    steps_by_k = next((r["steps_by_k"] for r in rows if r["name"] == choice.name), None)
+    emitted = emit_configs(list(emit), tuned, steps_by_k, out_dir)
     outcome = {
         "kind": "spekula-tune",
         "recommended": choice.name,
+        "runtime": tuned["backend"],
         "reason": reason,
         "min_speedup": min_speedup,
         "config": tuned,
@@ -240,6 +252,7 @@ def tune(
         "table": rows,
         "bench_results": paths["results"],
         "manifest": result["manifest"],
+        "emit": {e.engine: e.to_dict() for e, _ in emitted},
     }
     (out_dir / "tune.json").write_text(json.dumps(outcome, indent=1) + "\n")
     text = "\n".join(
@@ -250,10 +263,27 @@ def tune(
             tuning.format_table(rows, choice.name),
             "",
             f"recommended: {reason}",
-            f"wrote {config_path}: use it with `spekula generate --config {config_path}`",
+            f"runtime: {tuned['backend'] or 'the default runtime'}",
+            f"wrote {config_path}: use it with `spekula generate --config {config_path}` (or `spekula serve --config`)",
+            *[f"\n{e.text()}wrote {path}" for e, path in emitted],
         ]
     )
-    return outcome, text, {**paths, "tune": str(out_dir / "tune.json"), "config_file": str(config_path)}
+    emit_paths = {f"emit_{e.engine}": str(path) for e, path in emitted}
+    return outcome, text, {**paths, "tune": str(out_dir / "tune.json"), "config_file": str(config_path), **emit_paths}
+
+
+def emit_configs(engines: list[str], tuned: dict[str, Any], steps_by_k: dict[Any, int] | None, out_dir: Path):
+    """Each engine's speculative configuration for a tuned config, written to <out_dir>/emit-<engine>.sh.
+    Returns [(Emission, path)]."""
+    from spekula.bench.emit import emit_all
+
+    out = []
+    for e in emit_all(engines, tuned, steps_by_k):
+        path = out_dir / f"emit-{e.engine}.sh"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(e.text())
+        out.append((e, path))
+    return out
 
 
 def audit(
@@ -302,7 +332,7 @@ def audit(
             bar.update(1)
 
         report = AuditReport(level)
-        report.greedy = audit_greedy(contenders, items, ids, max_tokens, progress=tick)
+        report.greedy = audit_greedy(contenders, items, ids, max_tokens, progress=tick, decode=codec.decode)
         if shortest:
             report.distribution = audit_distribution(
                 contenders, shortest, ids, sampling, samples=samples, positions=positions, seed=seed, progress=tick

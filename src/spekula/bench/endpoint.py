@@ -3,7 +3,15 @@
 Each request streams, so time to first token and time per output token are measured on the client.
 Output tokens are the server's own count (`usage.completion_tokens`, asked for with
 stream_options.include_usage) when it reports one, otherwise the number of non-empty stream chunks
-(marked per request as token_count_source = "chunks"); a comparison counts both sides the same way.
+(marked per request as token_count_source = "chunks"). A server that streams no usage (llama_cpp.server)
+borrows the count of the other side's identical text for the same prompt (`borrow_token_counts`), so an
+identical answer counts the same number of tokens on both sides.
+
+Servers differ in their defaults for parameters outside OpenAI's API: llama_cpp.server applies a repeat
+penalty of 1.1 and top-k 40 unless told otherwise, so its "greedy" is not plain greedy decoding. An
+endpoint's `extra_body` (`--extra-body` / `--baseline-extra-body`) sends such parameters, e.g.
+{"repeat_penalty": 1.0} for llama_cpp.server; it may not set what the shared options set (model,
+max_tokens, temperature, ...), so both sides are asked the same question.
 Requests are bounded: at most `requests` of them, no new one after `time_limit` seconds, each one
 cut after `request_timeout` seconds.
 
@@ -21,7 +29,7 @@ import json
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spekula.bench.metrics import RequestResult
@@ -39,6 +47,25 @@ class Endpoint:
     url: str  # base URL, e.g. http://127.0.0.1:8000/v1
     model: str | None = None  # None: the first model the server lists
     api_key: str | None = None
+    extra_body: dict[str, Any] | None = None  # server-specific request fields, e.g. {"repeat_penalty": 1.0}
+
+    def __post_init__(self) -> None:
+        if self.extra_body is None:
+            return
+        if not isinstance(self.extra_body, dict):
+            raise ConfigError(f"{self.name}: the extra body must be a JSON object, got {self.extra_body!r}")
+        shared = sorted(set(self.extra_body) & SHARED_FIELDS)
+        if shared:
+            raise ConfigError(
+                f"{self.name}: the extra body may not set {', '.join(shared)}: the shared options set those for "
+                "both endpoints alike"
+            )
+
+
+# Request fields bench sets from its own options, the same for every endpoint; an extra body may not override them.
+SHARED_FIELDS = frozenset(
+    {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options"}
+)
 
 
 @dataclass(frozen=True)
@@ -126,6 +153,7 @@ async def _run(
                             request_sampling(sampling, i % len(items), repeat),
                             item.max_tokens_under(max_tokens),
                             chat,
+                            endpoint.extra_body,
                         ),
                         timeout=load.request_timeout_s,
                     )
@@ -167,7 +195,13 @@ class IncompleteResponse(Exception):
 
 
 async def _request(
-    client: Any, model: str, item: WorkItem, sampling: SamplingParams, max_tokens: int, chat: bool
+    client: Any,
+    model: str,
+    item: WorkItem,
+    sampling: SamplingParams,
+    max_tokens: int,
+    chat: bool,
+    extra_body: dict[str, Any] | None = None,
 ) -> RequestResult:
     kwargs: dict[str, Any] = {
         "model": model,
@@ -179,7 +213,8 @@ async def _request(
     }
     if not sampling.greedy:
         kwargs["seed"] = sampling.seed
-    extra = {k: v for k, v in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if v}
+    # The endpoint's own fields first: top-k and min-p given on the command line win over them.
+    extra = {**(extra_body or {}), **{k: v for k, v in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if v}}
     if extra:
         kwargs["extra_body"] = extra
     use_chat = item.messages is not None or chat
@@ -238,6 +273,25 @@ async def _request(
     )
     source = "usage" if counted is not None else "chunks"
     return RequestResult(item.id, item.category, "", stats, text, None, token_count_source=source)
+
+
+def borrow_token_counts(results: list[RequestResult]) -> int:
+    """A result counted in stream chunks takes the server-reported count of an identical text for the same
+    prompt and repeat (the same text from the same tokenizer is the same tokens); returns how many did. One
+    chunk usually carries one token, but not always (a character split over tokens, a held-back stop string)."""
+    counted = {
+        (r.prompt_id, r.repeat, r.text): r.stats.output_tokens
+        for r in results
+        if r.ok and r.token_count_source == "usage" and r.text
+    }
+    borrowed = 0
+    for r in results:
+        n = counted.get((r.prompt_id, r.repeat, r.text)) if r.ok and r.token_count_source == "chunks" else None
+        if n is not None:
+            r.stats = replace(r.stats, output_tokens=n)
+            r.token_count_source = "usage (identical text)"
+            borrowed += 1
+    return borrowed
 
 
 async def _sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:

@@ -76,6 +76,7 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
             f"{_mib(o['peak_rss_bytes'])} |"
         )
     lines += _failures(result)
+    lines += _loop_notes(result)
     if spec:
         cats = w["categories"]
         lines += [
@@ -108,6 +109,25 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
     for name, path in (images or {}).items():
         lines += ["", f"![{PLOT_TITLES.get(name, name)}]({path})"]
     return "\n".join(lines) + "\n"
+
+
+def _loop_notes(result: dict[str, Any]) -> list[str]:
+    """Below the table, where a contender ran another program's loop (spekula.bench.reference) or the
+    baseline is not spekula's plain decoding: what its columns compare."""
+    others = [c["name"] for c in result["configs"] if c.get("loop", "spekula") != "spekula"]
+    lines = []
+    if result["mode"] == "in-process" and result["baseline"] != "plain":
+        lines.append(
+            f"Speedups are over {result['baseline']}. Identity: plain rows against {result['baseline']}; "
+            "speculative rows against spekula's plain decoding on their own runtime (the lossless guarantee)."
+        )
+    if others:
+        lines.append(
+            f"{', '.join(others)}: another program's own decoding loop on the same GGUF and prompt tokens "
+            "(docs/BENCH.md). Its prompt pass also yields its first token, so it has no decode-only rate: compare "
+            "decode speed by TPOT, which counts the same one-token passes on both sides."
+        )
+    return [part for line in lines for part in ("", line)]  # a paragraph each
 
 
 def _failures(result: dict[str, Any]) -> list[str]:

@@ -2,7 +2,10 @@
 
 Every configuration is a spekula.pipeline.Pipeline over the SAME target backend and text codec, so
 tokenizing, detokenizing, stop handling and the engine loop are the code `spekula generate` runs;
-plain decoding is the pipeline's `plain=True` path (k = 0 through the same loop). Each prompt runs
+plain decoding is the pipeline's `plain=True` path (k = 0 through the same loop). One contender may
+run another program's loop instead: `loop=llama-cpp-python` (spekula.bench.reference), llama-cpp-python's
+own plain decoding of the target's GGUF, as the bar spekula's llama.cpp runtime is measured against
+(`--baseline llama-cpp-python` puts every ratio over it). Each prompt runs
 under every configuration before the next prompt starts, and the order of configurations rotates
 from prompt to prompt, so drift of the machine (thermal, other processes) hits all of them alike.
 """
@@ -18,6 +21,7 @@ from typing import Any
 
 from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
+from spekula.bench.reference import LLAMA_CPP_PYTHON, LOOPS, SPEKULA_LOOP, ReferenceContender
 from spekula.bench.workloads import WorkItem
 from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
@@ -32,13 +36,14 @@ from spekula.trace import ListTrace
 PLAIN = "plain"
 WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped before any measured one
 RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
-SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "backend", "name")
+SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "backend", "loop", "name")
 
 
 @dataclass(frozen=True)
 class SpecChoice:
-    """One configuration as a user writes it: a proposer ('ngram', a draft model, 'none') and k, and the
-    runtime the target runs on (None: the run's own, shared with the plain baseline)."""
+    """One configuration as a user writes it: a proposer ('ngram', a draft model, 'none') and k, the
+    runtime the target runs on (None: the run's own, shared with the plain baseline), and whose loop
+    decodes: spekula's engine, or llama-cpp-python's own (plain decoding of the target's GGUF only)."""
 
     draft: str
     k: int | None  # None = auto: the cost-model controller chooses k step by step
@@ -48,12 +53,26 @@ class SpecChoice:
     confidence: float | None = None  # a draft model's draft_confidence (SpecConfig)
     k_max: int = K_MAX  # k=auto's longest draft (SpecConfig)
     backend: str | None = None  # a runtime name (spekula.backends.BACKENDS)
+    loop: str = SPEKULA_LOOP  # whose generation loop decodes (spekula.bench.reference.LOOPS)
 
     def __post_init__(self) -> None:
-        from spekula.backends import BACKENDS
+        from spekula.backends import BACKENDS, LLAMACPP
 
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r} in --spec; choose one of {', '.join(BACKENDS)}")
+        if self.loop not in LOOPS:
+            raise ConfigError(f"unknown loop {self.loop!r} in --spec; choose one of {', '.join(LOOPS)}")
+        if self.loop != SPEKULA_LOOP:
+            if not self.plain:
+                raise ConfigError(
+                    f"loop={self.loop} is {self.loop}'s own plain decoding: it takes draft=none (or k=0), not "
+                    f"draft={self.draft},k={self.k_text}"
+                )
+            if self.backend not in (None, LLAMACPP):
+                raise ConfigError(
+                    f"loop={self.loop} runs the target's GGUF on llama.cpp itself; backend={self.backend} does not "
+                    "apply (drop it)"
+                )
         SpecConfig(
             k=self.k,
             k_max=self.k_max,
@@ -79,6 +98,8 @@ class SpecChoice:
     def name(self) -> str:
         if self.label:
             return self.label
+        if self.loop != SPEKULA_LOOP:
+            return self.loop
         on = "" if self.backend is None else f" backend={self.backend}"
         if self.plain:
             return PLAIN + on
@@ -94,8 +115,9 @@ class SpecChoice:
             extra += f" conf={self.confidence:g}"
         return f"{short} k={self.k_text}{extra}{on}"
 
-    def spec_config(self) -> SpecConfig:
+    def spec_config(self, prompt_cache: bool = True) -> SpecConfig:
         return SpecConfig(
+            prompt_cache=prompt_cache,
             k=0 if self.plain else self.k,
             k_max=self.k_max,
             ngram_max=self.ngram_max,
@@ -113,6 +135,7 @@ class SpecChoice:
             "ngram_min": self.ngram_min,
             "draft_confidence": self.confidence,
             "backend": self.backend,
+            "loop": self.loop,
         }
 
 
@@ -146,7 +169,9 @@ def parse_spec(
 ) -> list[SpecChoice]:
     """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
     lets the cost model choose). backend=RUNTIME runs this configuration's target on that runtime (one
-    more load of the target), so runtimes are measured interleaved in one run.
+    more load of the target), so runtimes are measured interleaved in one run. loop=llama-cpp-python is
+    llama-cpp-python's own plain decoding of the target's GGUF (draft=none implied; any key that shapes
+    a draft is refused).
 
     Keys not given take the command's --draft / --k / --k-max / --ngram-max / --ngram-min, and
     --draft-confidence for a draft model; without backend= the target runs on the run's runtime."""
@@ -162,6 +187,16 @@ def parse_spec(
         if key in fields:
             raise ConfigError(f"bad --spec {text!r}: {key} given twice")
         fields[key] = value.strip()
+    loop = fields.get("loop", SPEKULA_LOOP)
+    if loop != SPEKULA_LOOP:
+        drafting = [key for key in ("k_max", "ngram_max", "ngram_min", "confidence") if key in fields]
+        if drafting:
+            raise ConfigError(
+                f"bad --spec {text!r}: loop={loop} decodes plainly; {', '.join(drafting)} shape(s) a draft. Drop them"
+            )
+        if fields.setdefault("draft", NONE) != NONE:
+            raise ConfigError(f"bad --spec {text!r}: loop={loop} is {loop}'s own plain decoding: it takes draft=none")
+        fields.setdefault("k", "0")
     draft = fields.get("draft", default_draft)
     ks = fields.get("k", "auto" if default_k is None else str(default_k))
     k_values = [parse_k(v) for v in ks.split("/")]
@@ -185,9 +220,10 @@ def parse_spec(
     for k in k_values:
         name = label if label is None or len(k_values) == 1 else f"{label} k={'auto' if k is None else k}"
         if conf is None:
-            choices.append(choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max, backend))
+            choice = choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max, backend)
         else:
-            choices.append(SpecChoice(draft, k, nmax, nmin, name, conf, k_max, backend))
+            choice = SpecChoice(draft, k, nmax, nmin, name, conf, k_max, backend)
+        choices.append(replace(choice, loop=loop) if loop != SPEKULA_LOOP else choice)
     return choices
 
 
@@ -216,9 +252,12 @@ class Contender:
         return self.pipeline.start(prompt_ids, sampling, stop, recorder=recorder, plain=self.plain, namespace=namespace)
 
     def forget(self, namespace: str) -> None:
-        """Drop the proposer's memory of `namespace`'s requests (the suffix proposer's cache)."""
+        """Drop the proposer's memory of `namespace`'s requests (the suffix proposer's cache) and the kept
+        prompt (the prompt cache): the runner calls it after the warm-up and after each repeat, so no
+        request reuses what an earlier repeat of its own prompt computed or drafted."""
         if not self.plain and self.pipeline.engine.proposer is not None:
             self.pipeline.engine.proposer.forget(namespace)
+        self.engine.prompt_cache.clear()
 
 
 # runtime name -> (the target on that runtime, a draft loader for a target on that runtime)
@@ -231,14 +270,18 @@ def build_contenders(
     choices: list[SpecChoice],
     load_draft: Callable[[str], Backend] | None,
     load_runtime: RuntimeLoader | None = None,
-) -> list[Contender]:
+    prompt_cache: bool = True,
+) -> list[Contender | ReferenceContender]:
     """Plain decoding first, then every speculative choice (duplicates by name refused).
 
     Plain decoding on the run's runtime is always measured, as the baseline. A plain choice given its
     own name (`--spec draft=none,name=plain-again`) runs as one more configuration: an A/A control, whose
     per-prompt "speedup" (ideally 1.00x) shows how far this machine's noise alone moves a ratio. A choice
     with backend= runs over load_runtime's target for that runtime (e.g. `draft=none,backend=native`:
-    plain decoding on another runtime, measured against the same baseline)."""
+    plain decoding on another runtime, measured against the same baseline). A choice with
+    loop=llama-cpp-python decodes the GGUF of the target on llama.cpp (the run's own target, or
+    load_runtime's) through llama-cpp-python's loop, with that backend's settings. prompt_cache False
+    (`--no-prompt-cache`): every contender prefills every prompt whole, llama-cpp-python's loop too."""
 
     def runtime_of(choice: SpecChoice) -> tuple[Backend, Callable[[str], Backend] | None]:
         if choice.backend is None:
@@ -249,9 +292,17 @@ def build_contenders(
 
     def plain(choice: SpecChoice) -> Contender:
         on = runtime_of(choice)[0]
-        return Contender(choice, Pipeline(on, codec, None, choice.spec_config(), draft_name=NONE))
+        return Contender(choice, Pipeline(on, codec, None, choice.spec_config(prompt_cache), draft_name=NONE))
 
-    out = [plain(PLAIN_CHOICE)]
+    def reference(choice: SpecChoice) -> ReferenceContender:
+        from spekula.backends import LLAMACPP
+        from spekula.backends.llamacpp import LlamaCppBackend
+        from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
+
+        gguf = target if isinstance(target, LlamaCppBackend) else runtime_of(replace(choice, backend=LLAMACPP))[0]
+        return ReferenceContender(choice, LlamaCppPythonLoop(LlamaSettings.of(gguf), codec, prompt_cache))
+
+    out: list[Contender | ReferenceContender] = [plain(PLAIN_CHOICE)]
     for choice in choices:
         if choice.plain and choice.name == PLAIN:
             continue  # the baseline, already there
@@ -259,10 +310,13 @@ def build_contenders(
             raise ConfigError(
                 f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name="
             )
+        if choice.loop == LLAMA_CPP_PYTHON:
+            out.append(reference(choice))
+            continue
         if choice.plain:
             out.append(plain(choice))
             continue
-        spec = choice.spec_config()
+        spec = choice.spec_config(prompt_cache)
         on, drafts = runtime_of(choice)
         proposer = build_proposer(choice.draft, spec, target=on, load_draft=drafts)
         pipe = Pipeline(on, codec, proposer, spec, draft_name=choice.draft)
@@ -389,8 +443,15 @@ def encode_items(items: list[WorkItem], codec: Any, chat: bool) -> dict[str, lis
     return out
 
 
+def check_baseline(baseline: str, names: list[str]) -> None:
+    if baseline not in names:
+        raise ConfigError(
+            f"--baseline {baseline!r} is not a configuration of this run; choose one of {', '.join(names)}"
+        )
+
+
 def run_inprocess(
-    contenders: list[Contender],
+    contenders: list[Contender | ReferenceContender],
     codec: Any,
     items: list[WorkItem],
     sampling: SamplingParams = SamplingParams(),
@@ -402,13 +463,24 @@ def run_inprocess(
     warmup: bool = True,
     progress: bool = True,
     on_result: Callable[[RequestResult], None] | None = None,
+    baseline: str | None = None,
 ) -> list[RequestResult]:
-    """Every prompt under every contender, interleaved; speedup and identity attached against plain."""
+    """Every prompt under every contender, interleaved; speedup (and, for plain contenders, identity)
+    attached against `baseline`: a contender's name, which must be one of them; None: spekula's plain
+    decoding where it is among them (a run without it, e.g. of one proposer in a test, gets no ratios)."""
     with needs_extra("bench", "spekula bench"):
         from tqdm import tqdm
 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    if baseline is None:
+        baseline = PLAIN
+    else:
+        check_baseline(baseline, [c.name for c in contenders])
+    if any(isinstance(c, ReferenceContender) for c in contenders):
+        from spekula.bench.reference import check_sampling
+
+        check_sampling(sampling)  # before any model time is spent
     ids = encode_items(items, codec, chat)
     if warmup:  # one-off costs (allocator, thread pool, lazy imports) must hit no measurement
         first = ids[items[0].id][-16:]  # a short prompt: a long prefill would warm nothing more
@@ -440,17 +512,22 @@ def run_inprocess(
                     bar.update(1)
             for c in contenders:
                 c.forget(namespace)
-    attach_comparisons(results, PLAIN, sampling.greedy)
+    attach_comparisons(results, baseline, sampling.greedy)
     if sampling.greedy:
         identity_on_own_runtime(results, contenders)
     return results
 
 
-def identity_on_own_runtime(results: list[RequestResult], contenders: list[Contender]) -> None:
-    """A speculative contender with backend= is lossless against plain decoding on ITS runtime (runtimes
-    round differently): where the run has a plain contender on that runtime, `identical` compares with
-    that one instead of the baseline. Speed still compares with the baseline."""
-    plain_on = {c.choice.backend: c.name for c in contenders if c.plain and c.choice.backend is not None}
+def identity_on_own_runtime(results: list[RequestResult], contenders: list[Contender | ReferenceContender]) -> None:
+    """A speculative contender is lossless against spekula's plain decoding on ITS runtime (runtimes
+    round differently): `identical` compares it with plain decoding on the run's runtime, or, with
+    backend=, with the run's plain contender on that runtime where there is one, whatever the baseline
+    (llama-cpp-python's loop is not a speculative contender's reference for losslessness). Plain
+    contenders compare with the baseline; speed always compares with the baseline."""
+    plain_on: dict[str | None, str] = {None: PLAIN}
+    for c in contenders:
+        if c.plain and c.choice.backend is not None and c.choice.loop == SPEKULA_LOOP:
+            plain_on.setdefault(c.choice.backend, c.name)
     base_of = {c.name: plain_on.get(c.choice.backend) for c in contenders if not c.plain}
     by_key = {(r.config, r.prompt_id, r.repeat): r for r in results if r.ok}
     for r in results:
@@ -460,7 +537,7 @@ def identity_on_own_runtime(results: list[RequestResult], contenders: list[Conte
 
 
 def measure(
-    c: Contender,
+    c: Contender | ReferenceContender,
     item: WorkItem,
     prompt_ids: list[int],
     sampling: SamplingParams,

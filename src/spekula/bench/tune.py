@@ -1,9 +1,18 @@
-"""`spekula tune`: measure proposers x k on a sample of the workload, recommend the fastest, or plain decoding.
+"""`spekula tune`: measure proposers x k (x runtimes) on a sample of the workload, recommend the fastest,
+or plain decoding.
 
 The sweep is a bench run (same runner, same numbers); the recommendation is the configuration with
 the highest measured throughput (output tokens / time over the sample), kept only if it beats plain
-decoding by at least `min_speedup` (default 1.05): a tie is not worth a draft model's memory, and a
-few percent is within the noise of a short sample.
+decoding on the run's runtime by at least `min_speedup` (default 1.05): a tie is not worth a draft
+model's memory, and a few percent is within the noise of a short sample.
+
+Runtimes: by default only the run's own runtime is swept (`--backend`, else pipeline.default_runtime:
+llama.cpp for a GGUF target on a CPU). `--backends llamacpp,native` adds plain decoding and every
+configuration on each other runtime, measured interleaved against the same baseline. Not the default:
+on a CPU the native fp32 runtime's one-token pass costs several times llama.cpp's (docs/BENCHMARKS.md,
+pass costs), so no configuration on it can win there, and measuring it would multiply tune's time.
+The recommendation names its runtime and the config file records it (`backend`), so `generate` and
+`serve --config` run what was measured.
 """
 
 from __future__ import annotations
@@ -12,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice
-from spekula.config import SamplingParams
+from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice, choice_with_defaults
+from spekula.config import K_MAX, SamplingParams
 
 # The keys `spekula generate --config FILE` reads: generate's option names with underscores.
 CONFIG_KEYS = (
@@ -29,14 +38,42 @@ CONFIG_KEYS = (
     "ngram_max",
     "ngram_min",
     "draft_confidence",
+    "backend",
+    "exact",
 )
 
 
+def sweep_choices(
+    drafts: list[str],
+    ks: list[int | None],
+    *,
+    backends: list[str] | None = None,
+    runtime: str | None = None,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    confidence: float | None = None,
+    k_max: int = K_MAX,
+) -> list[SpecChoice]:
+    """Every proposer x k (plain decoding and k = 0 left out: the baseline is always measured), on the
+    run's runtime and, for each other runtime in `backends`, plain decoding plus the same grid there."""
+    grid = [(d, k) for d in dict.fromkeys(drafts) if d != "none" for k in dict.fromkeys(ks) if k != 0]
+    out = [choice_with_defaults(d, k, ngram_max, ngram_min, confidence, k_max=k_max) for d, k in grid]
+    for other in dict.fromkeys(backends or []):
+        if other == runtime:
+            continue
+        out.append(SpecChoice("none", 0, backend=other))
+        out += [
+            choice_with_defaults(d, k, ngram_max, ngram_min, confidence, k_max=k_max, backend=other) for d, k in grid
+        ]
+    return out
+
+
 def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, Any]]:
-    """One row per configuration, plain first, then by throughput (fastest first)."""
+    """One row per configuration, plain first, then by throughput (fastest first). Plain decoding on
+    another runtime (backend=) is a row of its own, like any configuration."""
     plain_tps = summary[PLAIN]["overall"]["throughput_tokens_per_s"]
     rows = []
-    for c in [PLAIN_CHOICE] + [c for c in choices if not c.plain]:
+    for c in [PLAIN_CHOICE] + [c for c in choices if c.name != PLAIN]:
         o = summary[c.name]["overall"]
         tps = o["throughput_tokens_per_s"]
         rows.append(
@@ -51,6 +88,7 @@ def table(summary: dict[str, Any], choices: list[SpecChoice]) -> list[dict[str, 
                 "tau": o["tau"],
                 "identical": o["identical_to_plain"],
                 "compared": o["compared_to_plain"],
+                "steps_by_k": o.get("steps_by_k") or {},  # k=auto: what the controller chose (spekula.bench.emit)
             }
         )
     rows[1:] = sorted(rows[1:], key=lambda r: -(r["tokens_per_s"] or 0.0))
@@ -61,17 +99,22 @@ def recommend(rows: list[dict[str, Any]], choices: list[SpecChoice], min_speedup
     plain = rows[0]
     spec = [r for r in rows[1:] if r["tokens_per_s"]]
     if not spec:
-        return PLAIN_CHOICE, "no speculative configuration produced a measurement; plain decoding"
+        return PLAIN_CHOICE, "no other configuration produced a measurement; plain decoding"
     best = spec[0]
     ratio = best["throughput_ratio"] or 0.0
     if ratio < min_speedup:
         return PLAIN_CHOICE, (
-            f"plain decoding: the fastest speculative configuration, {best['name']}, reached {ratio:.2f}x plain "
+            f"plain decoding: the fastest other configuration, {best['name']}, reached {ratio:.2f}x plain "
             "decoding's "
             f"throughput ({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), below the required "
             f"{min_speedup:.2f}x"
         )
     choice = next(c for c in choices if c.name == best["name"])
+    if choice.plain:
+        return choice, (
+            f"{best['name']}: {ratio:.2f}x plain decoding's throughput on the run's runtime "
+            f"({best['tokens_per_s']:.2f} vs {plain['tokens_per_s']:.2f} tok/s), no speculation"
+        )
     return choice, (
         f"{best['name']}: {ratio:.2f}x plain decoding's throughput ({best['tokens_per_s']:.2f} vs "
         f"{plain['tokens_per_s']:.2f} tok/s), "
@@ -79,15 +122,27 @@ def recommend(rows: list[dict[str, Any]], choices: list[SpecChoice], min_speedup
     )
 
 
-def tuned_config(choice: SpecChoice, target: str, dtype: str, sampling: SamplingParams) -> dict[str, Any]:
-    """The JSON object `spekula generate --config FILE` accepts."""
+def tuned_config(
+    choice: SpecChoice,
+    target: str,
+    dtype: str,
+    sampling: SamplingParams,
+    runtime: str | None = None,
+    exact: bool = False,
+) -> dict[str, Any]:
+    """The JSON object `spekula generate --config FILE` (and `serve --config`) accepts. runtime: the run's
+    own; a choice measured with backend= records that one instead. llama.cpp computes in the GGUF's own
+    types, so its dtype is float32 (a placeholder), as bench's runtime loader sets it."""
+    from spekula.backends import LLAMACPP
+
     d = choice.to_dict()
+    backend = d["backend"] or runtime
     return {
         "target": target,
         "draft": d["draft"],
         "k": d["k"],
         "k_max": d["k_max"],
-        "dtype": dtype,
+        "dtype": "float32" if backend == LLAMACPP else dtype,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -95,6 +150,8 @@ def tuned_config(choice: SpecChoice, target: str, dtype: str, sampling: Sampling
         "ngram_max": d["ngram_max"],
         "ngram_min": d["ngram_min"],
         "draft_confidence": d["draft_confidence"],  # what the recommended configuration was measured with
+        "backend": backend,  # None: the runtime generate picks by default (what tune ran on, given the same machine)
+        "exact": exact,
     }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -29,6 +30,7 @@ BUILTIN = "builtin"
 # The multi-turn edit sessions are two categories so that the per-category table reports their later
 # turns (whose context already holds the file twice) on a row of their own: repeat-editing holds each
 # session's first turn (`<session>-turn1`), repeat-editing-later the turns after it (`<session>-turn2`).
+# A run takes a session's turns one after the other (conversation_order), as a conversation would.
 BUILTIN_CATEGORIES = (
     "code-completion",
     "code-editing",
@@ -108,7 +110,30 @@ def builtin_workload() -> list[WorkItem]:
                 f.read_text(encoding="utf-8").splitlines(), name=f"builtin:{category}.jsonl", default_category=category
             )
         )
-    return items
+    return conversation_order(items)
+
+
+TURN = re.compile(r"(?P<session>.+)-turn(?P<turn>\d+)")
+
+
+def conversation_order(items: list[WorkItem]) -> list[WorkItem]:
+    """Each session's turns (ids `<session>-turn<N>`) one after the other, by N, where its first turn stands;
+    every other item keeps its place. A chat's next turn comes right after the last, so what a server keeps
+    between them (the prompt cache, the suffix proposer's memory) is measured as it would serve them."""
+    turns: dict[str, list[tuple[int, int, WorkItem]]] = {}
+    for position, item in enumerate(items):
+        found = TURN.fullmatch(item.id)
+        if found:
+            turns.setdefault(found["session"], []).append((int(found["turn"]), position, item))
+    ordered, placed = [], set()
+    for item in items:
+        found = TURN.fullmatch(item.id)
+        if found is None:
+            ordered.append(item)
+        elif found["session"] not in placed:
+            placed.add(found["session"])
+            ordered.extend(i for _, _, i in sorted(turns[found["session"]], key=lambda t: t[:2]))
+    return ordered
 
 
 def parse_lines(lines: Iterable[str], name: str, default_category: str) -> list[WorkItem]:

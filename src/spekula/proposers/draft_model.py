@@ -14,6 +14,7 @@ import torch
 
 from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams
+from spekula.prompt_cache import shared_prefix
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import greedy_token, probabilities, sample
 from spekula.verify import Verdict
@@ -46,7 +47,7 @@ class DraftModelProposer(Proposer):
         k = min(k, self.sequence.context_length - len(context))
         if k <= 0:
             return EMPTY_DRAFT
-        keep = min(common_prefix(self.sequence.tokens, context), len(context) - 1)  # feed >= 1 token
+        keep = min(shared_prefix(self.sequence.tokens, context), len(context) - 1)  # feed >= 1 token
         self.sequence.truncate(keep)
         logits = self.sequence.forward(context[keep:], num_logits=1)[-1]  # [V]
         tokens: list[int] = []
@@ -63,25 +64,17 @@ class DraftModelProposer(Proposer):
         return Draft(tokens, torch.stack(probs))  # q: [k, V]
 
     def catch_up(self, context: list[int]) -> int:
-        seen = common_prefix(self._sequence.tokens, context) if self._sequence is not None else 0
+        seen = shared_prefix(self._sequence.tokens, context) if self._sequence is not None else 0
         return max(len(context) - seen - 1, 0)  # the last token is fed with the draft's first step anyway
 
     def observe(self, context: list[int], verdict: Verdict) -> None:
         # Roll back to exactly the committed state: rejected draft tokens leave the cache.
         if self._sequence is not None:
-            self._sequence.truncate(common_prefix(self._sequence.tokens, context))
+            self._sequence.truncate(shared_prefix(self._sequence.tokens, context))
 
     def close(self) -> None:
         if self._sequence is not None:
             self._sequence.release()
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Run an app on loopback in a background thread: for tests, the load script and notebooks.
 
-`spekula serve` runs uvicorn in the foreground instead; this is the same server, started and stopped
-from Python, with Events (not flags to poll) for "listening" and "no longer listening".
+`spekula serve` runs uvicorn in the foreground instead; this is the same server (shutdown.Server:
+it drains before it stops listening), started and stopped from Python, with Events (not flags to
+poll) for "listening" and "no longer listening".
 """
 
 from __future__ import annotations
@@ -17,26 +18,21 @@ from spekula.server.listen import bind
 with needs_extra("server", "spekula.server.background"):
     import uvicorn
 
+    from spekula.server.shutdown import ANSWER_GRACE_S, Server
 
-class ReadyServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
+
+class ReadyServer(Server):
+    """Server, plus .ready; .closing (set once it stopped listening, after the drain) comes with Server."""
+
+    def __init__(self, config: uvicorn.Config, drain=None) -> None:
+        super().__init__(config, drain)
         self.ready = threading.Event()  # set once listening (or once startup failed: check .started)
-        self.closing = threading.Event()  # set once shutdown began: new connections are refused
 
     async def startup(self, sockets=None) -> None:
         try:
             await super().startup(sockets)
         finally:
             self.ready.set()
-
-    async def shutdown(self, sockets=None) -> None:
-        for server in self.servers:  # what super().shutdown does first; done here so it can be signalled
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        self.closing.set()
-        await super().shutdown(sockets)
 
 
 @dataclass
@@ -59,11 +55,12 @@ class Running:
 def serving(
     app, host: str = "127.0.0.1", startup_timeout: float = 300.0, shutdown_timeout: int = 10
 ) -> Iterator[Running]:
-    """Serves `app` on a free port of `host` until the block ends (in-flight requests finish first)."""
+    """Serves `app` on a free port of `host` until the block ends (in-flight requests finish first,
+    up to the app's --shutdown-timeout; shutdown_timeout bounds uvicorn's own wait after that)."""
     sock = bind(host, 0)
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=shutdown_timeout)
-    server = ReadyServer(config)
+    server = ReadyServer(config, getattr(getattr(app, "state", None), "drain", None))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="spekula-uvicorn", daemon=True)
     thread.start()
     try:
@@ -74,7 +71,8 @@ def serving(
         yield Running(f"http://{host}:{port}", server, app)
     finally:
         server.should_exit = True
-        thread.join(timeout=shutdown_timeout + 20)
+        drain_s = server.drain.timeout_s + ANSWER_GRACE_S if server.drain is not None else 0.0
+        thread.join(timeout=drain_s + shutdown_timeout + 20)
         sock.close()
         if thread.is_alive():
             raise RuntimeError("the server did not stop")

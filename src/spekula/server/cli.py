@@ -79,7 +79,14 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
         "--shutdown-timeout",
         type=float,
         default=d.shutdown_timeout_s,
-        help=f"on Ctrl-C, seconds in-flight requests get to finish (default {d.shutdown_timeout_s:g})",
+        help=f"on SIGTERM/Ctrl-C, seconds running requests get to finish, then 503 (default {d.shutdown_timeout_s:g})",
+    )
+    g.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=d.prefill_chunk,
+        help="prompt tokens prefilled per scheduler round, so running requests keep decoding while a long prompt "
+        f"prefills (shared by the requests prefilling; 0 = each prompt whole; default {d.prefill_chunk})",
     )
     g.add_argument("--log-prompts", action="store_true", help="write prompts and outputs to the log (off by default)")
     g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -102,6 +109,7 @@ def settings_from_args(args: argparse.Namespace):
         default_max_tokens=args.default_max_tokens,
         request_timeout_s=args.request_timeout,
         shutdown_timeout_s=args.shutdown_timeout,
+        prefill_chunk=args.prefill_chunk,
         log_prompts=args.log_prompts,
         sampling=sampling_from_args(args),
     )
@@ -109,9 +117,8 @@ def settings_from_args(args: argparse.Namespace):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     with needs_extra("server", "spekula serve"):
-        import uvicorn
-
         from spekula.server.app import create_app
+        from spekula.server.shutdown import serve
     from spekula.pipeline import Pipeline
 
     settings = settings_from_args(args)  # bad options fail before minutes of model loading
@@ -128,13 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"serving {settings.model_name or pipe.target.name} on http://{host}:{port}/v1 "
         "(Ctrl-C stops: running requests finish first)"
     )
-    config = uvicorn.Config(
-        create_app(pipe, settings),
-        log_level=args.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_s) or 1,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
-    return 0
+    return serve(create_app(pipe, settings), sock, args.log_level)  # drains on SIGTERM/SIGINT, then exits 0
 
 
 def _say(msg: str) -> None:

@@ -70,11 +70,13 @@ class ResponseShape:
         return {**self._head(object_), "choices": [], "usage": usage(stats), "spec": spec(stats, proposer)}
 
 
-def usage(stats: RequestStats) -> dict[str, int]:
+def usage(stats: RequestStats) -> dict[str, Any]:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens: the prompt tokens the prompt cache held."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.output_tokens,
         "total_tokens": stats.prompt_tokens + stats.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
 

@@ -2,7 +2,8 @@
 scheduler, then relay its events: as one JSON response, or as server-sent events ending in [DONE].
 
 Leaving early (client gone, handler cancelled) always cancels the job, so its slot and KV caches
-are freed within one engine step.
+are freed within one engine step. Every job is known to the shutdown's Drain while it runs, so one
+the drain gives up on is answered 503 shutting_down like any other error (spekula.server.shutdown).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def _state(request: Request) -> "ServerState":
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     scheduler = _state(request).scheduler
+    if request.app.state.drain.refusing:  # a load balancer should send its traffic elsewhere now
+        return JSONResponse({"status": "shutting_down"}, status_code=503)
     if scheduler is None or not scheduler.accepting:
         return JSONResponse({"status": "unavailable"}, status_code=503)
     return JSONResponse({"status": "ok", "running": scheduler.num_running, "waiting": scheduler.num_waiting})
@@ -110,10 +113,24 @@ async def _generate(request: Request, kind: Kind) -> Response:
         log_text=log_text,
         namespace=namespace,
     )
-    state.scheduler.submit(job)  # 429 when the queue is full, 503 when shutting down
+    drain = request.app.state.drain
+    drain.track(job, sink, lambda: state.scheduler.cancel(job))  # 503 once the drain has given up
+    try:
+        state.scheduler.submit(job)  # 429 when the queue is full, 503 when shutting down
+    except APIError:
+        drain.untrack(job)
+        raise
     if req.stream:
-        return JobStream(_stream(state, job, sink, shape, req), on_close=lambda: state.scheduler.cancel(job))
-    return await _complete(request, state, job, sink, shape)
+
+        def close() -> None:
+            state.scheduler.cancel(job)
+            drain.untrack(job)
+
+        return JobStream(_stream(state, job, sink, shape, req), on_close=close)
+    try:
+        return await _complete(request, state, job, sink, shape)
+    finally:
+        drain.untrack(job)
 
 
 class JobStream(StreamingResponse):

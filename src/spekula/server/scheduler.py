@@ -9,6 +9,14 @@
   a backend that batches (`capabilities.batching`, the native runner) the score is ONE forward over
   every block: continuous batching; otherwise (the transformers and llama.cpp backends) the blocks
   are scored one after another. A lone request is a batch of one.
+- Prompts are prefilled in chunks: each round spends at most `prefill_chunk` prompt tokens (shared by
+  every request still prefilling, fewest tokens left first, so a short prompt is not held behind a
+  long one) before the decode steps, so running requests keep decoding while a long prompt prefills,
+  and a request whose client left mid-prefill is dropped before its next chunk. A request whose last
+  chunk ran takes its first step in the same round. While requests decode, chunks that leave a
+  prompt unfinished get at most half the worker's time (Scheduler._prefill). prefill_chunk = 0:
+  every prompt whole, in the round it was admitted. Batched, the round's chunks run in one forward
+  (at most PREFILL_BATCH_TOKENS tokens each).
 - A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
   in that round: its last text and its end go out, its caches and slot are freed, before the next
   round starts.
@@ -21,8 +29,9 @@
   speculation switches off when the batch makes it unprofitable and comes back when the batch
   shrinks. A fixed --k is left as given.
 - The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
-- A cancelled request (client gone) is closed before its next step: within one step its KV caches
-  are freed and its slot goes to the next waiting request. The same holds for a deadline.
+- A cancelled request (client gone) is closed before its next step or prefill chunk: within one
+  round its KV caches are freed and its slot goes to the next waiting request. The same holds for a
+  deadline.
 - close(): refuses new requests at once, lets admitted ones finish (up to a timeout), then stops.
 """
 
@@ -39,11 +48,12 @@ from dataclasses import dataclass, field
 import torch
 
 from spekula.config import SamplingParams, StopConfig
-from spekula.engine import PlannedStep
+from spekula.engine import PlannedStep, PrefillChunk
 from spekula.errors import SpekulaError
 from spekula.pipeline import Pipeline, TextGeneration
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics, StepMeter
+from spekula.server.settings import ServerSettings
 from spekula.trace import RequestStats
 
 log = logging.getLogger("spekula.server")
@@ -96,11 +106,23 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, pipeline: Pipeline, metrics: ServerMetrics, *, max_running: int, max_queue: int) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        metrics: ServerMetrics,
+        *,
+        max_running: int,
+        max_queue: int,
+        prefill_chunk: int = ServerSettings.prefill_chunk,
+    ) -> None:
+        """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts)."""
+        if prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 (0: whole prompts), got {prefill_chunk}")
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running
         self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
@@ -108,6 +130,8 @@ class Scheduler:
         self._stop = False
         self._service_s = 1.0  # running mean of admission-to-finish time, for Retry-After
         self.rounds = 0  # rounds run so far (tests and tools read it from the sinks)
+        self._owed_s = 0.0  # decode time owed to the requests decoding before the next unfinishing chunk
+        self._chunk_s = 0.0  # what the last unfinishing chunk took
         self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
         self.batching = pipeline.target.capabilities.batching and max_running > 1
         engine = pipeline.engine
@@ -230,11 +254,12 @@ class Scheduler:
             self._cv.notify_all()
 
     def _round(self) -> None:
-        """One engine step for every running request: plan (draft), score, complete (accept,
-        resample, advance); whoever finished is finished before the round ends."""
+        """This round's prefill chunks, then one engine step for every request whose prompt is in:
+        plan (draft), score, complete (accept, resample, advance); whoever finished is finished before
+        the round ends."""
         self.rounds += 1
-        if self.batching:
-            self._prefill_together([job for job in self._running if job.run.generation.target_sequence is None])
+        self._prefill([job for job in self._running if not job.run.generation.prefill_done])
+        started = time.perf_counter()
         planned = self._plan(self._choose_batch_k())
         for job, step, logits, score_s in self._score(planned):
             run = job.run
@@ -250,13 +275,14 @@ class Scheduler:
             self._emit(job, delta)
             if run.generation.done:
                 self._finish(job, run.generation.finish_reason)
+        if planned:
+            self._owed_s -= time.perf_counter() - started
 
     def _plan(self, k: int | None) -> list[tuple[Job, PlannedStep]]:
-        """Stage 1 for every live request (the first plan() of a request that was not prefilled
-        together prefills it): what the score pass must run."""
+        """Stage 1 for every live request whose prompt is prefilled: what the score pass must run."""
         planned: list[tuple[Job, PlannedStep]] = []
         for job in list(self._running):
-            if not self._live(job):
+            if not job.run.generation.prefill_done or not self._live(job):
                 continue
             try:
                 step = job.run.generation.plan(k)
@@ -308,28 +334,72 @@ class Scheduler:
                 self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
         return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits)]
 
-    def _prefill_together(self, fresh: list[Job]) -> None:
-        """Prefill newly admitted requests in batched forwards of up to PREFILL_BATCH_TOKENS tokens
-        (one at a time, 16 short prompts cost 16 passes that every running request waits for)."""
-        groups: list[list[tuple[Job, list[int]]]] = [[]]
-        for job in fresh:
-            if not self._live(job):
-                continue
+    def _prefill(self, prefilling: list[Job]) -> None:
+        """Spend the round's prefill budget (prefill_chunk tokens; 0: unbounded) on the requests still
+        prefilling, fewest tokens left first (ties: in admission order). Every one of them is checked
+        for a departed client or a passed deadline first, whether or not it gets a chunk this round.
+
+        A prompt that fits in what is left of the budget is prefilled at once. A chunk that leaves its
+        prompt unfinished takes at most half the worker's time while requests decode: after one, the
+        requests decoding step for as long as it took before the next (_owed_s), and a request that
+        starts decoding is owed as much (it may have waited on that chunk), so a short request beside a
+        long prefill takes about its own time twice plus one chunk."""
+        decoding = any(job.run.generation.prefill_done for job in self._running)
+        if not decoding:
+            self._owed_s = 0.0  # nobody is waiting on the prefill
+        live = sorted((job for job in prefilling if self._live(job)), key=lambda job: job.run.generation.prefill_left)
+        budget = self.prefill_chunk or None
+        chunks: list[tuple[Job, PrefillChunk]] = []
+        unfinishing = False
+        for job in live:
+            generation = job.run.generation
+            left = generation.prefill_left
+            if budget is not None and left > budget:  # this chunk leaves the prompt unfinished
+                if chunks:  # requests that start decoding now: owed the chunk they may have waited on
+                    self._owed_s = max(self._owed_s, self._chunk_s)
+                if budget == 0 or ((decoding or chunks) and self._owed_s > 0):
+                    break  # the rest wait for a later round
+                unfinishing = True
             try:
-                prefix = job.run.generation.open()
+                chunk = generation.prefill_chunk(budget or None)  # budget 0 here: nothing left to prefill
             except Exception:
-                log.exception("request %s could not open its caches", job.id)
+                log.exception("request %s could not start its prefill", job.id)
                 self._finish(job, "error", ENGINE_ERROR)
                 continue
-            if sum(len(p) for _, p in groups[-1]) + len(prefix) > PREFILL_BATCH_TOKENS and groups[-1]:
+            if budget is not None:
+                budget -= len(chunk.tokens)
+            chunks.append((job, chunk))
+        started = time.perf_counter()
+        if self.batching:
+            self._prefill_together(chunks)
+        else:
+            for job, chunk in chunks:
+                try:
+                    chunk.run()
+                except Exception:
+                    log.exception("request %s failed in its prefill", job.id)
+                    self._finish(job, "error", ENGINE_ERROR)
+                    continue
+                job.run.generation.prefilled()
+        if unfinishing:
+            self._chunk_s = time.perf_counter() - started
+            self._owed_s = self._chunk_s if decoding or len(chunks) > 1 else 0.0
+
+    def _prefill_together(self, chunks: list[tuple[Job, PrefillChunk]]) -> None:
+        """Run the round's chunks in batched forwards of up to PREFILL_BATCH_TOKENS tokens (one at a
+        time, 16 short prompts cost 16 passes that every running request waits for)."""
+        groups: list[list[tuple[Job, PrefillChunk]]] = [[]]
+        for job, chunk in chunks:
+            if sum(len(c.tokens) for _, c in groups[-1]) + len(chunk.tokens) > PREFILL_BATCH_TOKENS and groups[-1]:
                 groups.append([])
-            groups[-1].append((job, prefix))
+            groups[-1].append((job, chunk))
         for group in groups:
-            todo = [(job, prefix) for job, prefix in group if prefix]
+            todo = [chunk for _, chunk in group if chunk.tokens]
             try:
                 if todo:
-                    sequences = [job.run.generation.target_sequence for job, _ in todo]
-                    self.pipeline.target.forward_batch(sequences, [prefix for _, prefix in todo], [1] * len(todo))
+                    self.pipeline.target.forward_batch(
+                        [c.sequence for c in todo], [c.tokens for c in todo], [1] * len(todo)
+                    )
             except Exception:
                 log.exception("a batched prefill of %d requests failed", len(todo))
                 for job, _ in group:
@@ -341,10 +411,11 @@ class Scheduler:
     def _choose_batch_k(self) -> int | None:
         """The round's k from the cost model for a batch of two or more (None: each request's own
         controller, as for a batch of one, a backend that does not batch, or a fixed --k)."""
-        if not self._batch_k or len(self._running) < 2:
+        decoding = [job for job in self._running if job.run.generation.prefill_done]
+        if not self._batch_k or len(decoding) < 2:
             return None
         engine = self.pipeline.engine
-        controllers = [job.run.generation.controller for job in self._running]
+        controllers = [job.run.generation.controller for job in decoding]
         k, speedup = engine.costs.best_batch_k([c.alpha for c in controllers], engine.spec.k_max)
         for controller in controllers:
             controller.predicted_speedup = speedup  # what the stats and traces report for this step

@@ -23,13 +23,22 @@ class ServerSettings:
     default_max_tokens: int = 256  # when the request gives none
     request_timeout_s: float = 600.0  # from arrival (queue wait included) to the last token
     shutdown_timeout_s: float = 30.0  # in-flight requests get this long to finish on shutdown
+    prefill_chunk: int = 256  # prompt tokens prefilled per scheduler round, shared by the requests prefilling; 0: whole
     log_prompts: bool = False  # prompts and outputs stay out of the logs unless asked for
     sampling: SamplingParams = field(default_factory=SamplingParams)  # defaults for fields a request omits
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_running", "max_queue", "max_body_bytes", "max_tokens_limit", "default_max_tokens"):
+        for name in (
+            "port",
+            "max_running",
+            "max_queue",
+            "max_body_bytes",
+            "max_tokens_limit",
+            "default_max_tokens",
+            "prefill_chunk",
+        ):
             value = getattr(self, name)
-            low = 0 if name in ("port", "max_queue") else 1
+            low = 0 if name in ("port", "max_queue", "prefill_chunk") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{_flag(name)} must be an integer >= {low}, got {value!r}")
         if self.port > 65535:

@@ -1,0 +1,106 @@
+"""Ratios between the configurations of one `spekula bench` run, over any of them: per category, the median
+per-prompt ratio of whole-request tok/s, of decode-only tok/s and of TPOT, and the tokens per target pass.
+
+A bench report puts every ratio over the run's one --baseline; this re-reads the same results to put them
+over another configuration too (e.g. a run whose baseline is llama-cpp-python's own loop, read over
+spekula's plain decoding for decode-only ratios, which that loop does not record). Nothing is measured again.
+
+    .venv/bin/python scripts/ratios.py RESULTS.json[.gz] --over plain [--configs "suffix k=auto,plain-again"]
+
+Prints a Markdown table: one row per category and one for all prompts; a cell is "whole, decode only" (median
+of the per-prompt ratios; "n/a" where either side has no decode-only rate), then TPOT's ratio (below 1: faster
+per token) and τ of the configuration (output tokens over target passes, all its prompts of the category).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ALL = "all"
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)["requests"]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def table(requests: list[dict[str, Any]], over: str, configs: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per category (in the run's order) and one for all prompts: for each config, the medians of its
+    per-prompt ratios over `over` (requests that errored on either side are left out)."""
+    by = {(r["config"], r["prompt_id"], r.get("repeat", 0)): r for r in requests if not r.get("error")}
+    if not any(key[0] == over for key in by):
+        raise SystemExit(f"no configuration {over!r} in these results")
+    categories = list(dict.fromkeys(r["category"] for r in requests))
+    rows = []
+    for category in [*categories, ALL]:
+        row: dict[str, Any] = {"category": category}
+        for config in configs:
+            pairs = [
+                (r, by[(over, pid, rep)])
+                for (c, pid, rep), r in by.items()
+                if c == config and (over, pid, rep) in by and category in (ALL, r["category"])
+            ]
+            stats = [r["stats"] for r, _ in pairs]
+            passes = sum(s["target_passes"] for s in stats)
+            row[config] = {
+                "whole": median([ratio(r["tokens_per_s"], b["tokens_per_s"]) for r, b in pairs]),
+                "decode": median(
+                    [ratio(r["stats"]["decode_tokens_per_s"], b["stats"]["decode_tokens_per_s"]) for r, b in pairs]
+                ),
+                "tpot": median([ratio(r["tpot_s"], b["tpot_s"]) for r, b in pairs]),
+                "tau": sum(s["output_tokens"] for s in stats) / passes if passes else None,
+                "prompts": len(pairs),
+            }
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], over: str, configs: Sequence[str]) -> str:
+    def f(x: float | None, spec: str, unit: str = "") -> str:
+        return "n/a" if x is None else format(x, spec) + unit
+
+    head = " | ".join(f"{c}: whole, decode only; TPOT; τ" for c in configs)
+    lines = [f"| category (over {over}) | {head} |", "|---|" + "---|" * len(configs)]
+    for row in rows:
+        cells = [
+            f"{f(v['whole'], '.3f', 'x')}, {f(v['decode'], '.3f', 'x')}; {f(v['tpot'], '.3f')}; {f(v['tau'], '.2f')}"
+            for v in (row[c] for c in configs)
+        ]
+        lines.append(f"| {row['category']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path, help="a bench run's results.json or results.json.gz")
+    ap.add_argument("--over", required=True, help="the configuration every ratio is over")
+    ap.add_argument("--configs", default=None, help="comma-separated configurations (default: all the others)")
+    args = ap.parse_args(argv)
+    requests = load(args.results)
+    names = list(dict.fromkeys(r["config"] for r in requests))
+    configs = [c.strip() for c in args.configs.split(",")] if args.configs else [c for c in names if c != args.over]
+    unknown = [c for c in configs if c not in names]
+    if unknown:
+        ap.error(f"no configuration {', '.join(map(repr, unknown))} in these results; they have {', '.join(names)}")
+    print(markdown(table(requests, args.over, configs), args.over, configs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

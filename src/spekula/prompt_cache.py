@@ -1,0 +1,74 @@
+"""Prompt caching: the last finished request's KV cache, kept for the next request that starts the same way.
+
+A chat's next turn, an agent's next call or an edit session's second request re-sends everything said
+so far, and a request that shares a system prompt with the last one starts with the same tokens. Their
+prefill is most of what such a request costs on a CPU (docs/BENCHMARKS.md), and llama.cpp's server
+(`cache_prompt`) and vLLM (automatic prefix caching) skip the part they have seen. One engine keeps
+one finished sequence: a new request takes it when it shares at least `min_tokens` leading tokens with
+the new prompt, cut back to what they share, and prefills only the rest; otherwise the kept sequence
+is freed and the request opens a fresh one.
+
+What it keeps is this engine's own: a Pipeline's speculative and plain engines, and the
+configurations of one `spekula bench` run, each cache their own requests, so neither gets a prefill
+the other paid for. The kept positions hold what the runtime computed when it ran them (the prompt's
+prefill, then one-token or verify passes), so on a runtime that is not block invariant (llama.cpp
+without --exact) a near-tie in a later turn can come out as it would not after a fresh prefill, as
+with llama.cpp's own prompt cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from spekula.backends.base import Backend, Sequence
+
+
+def shared_prefix(a: Seq[int], b: Seq[int]) -> int:
+    """How many leading tokens a and b have in common."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PromptCache:
+    """One kept sequence per engine (enabled False: every request opens a fresh one)."""
+
+    def __init__(self, backend: Backend, enabled: bool = True, min_tokens: int = 1) -> None:
+        self.backend = backend
+        self.enabled = enabled
+        self.min_tokens = min_tokens
+        self._kept: Sequence | None = None
+        self.hits = 0  # requests that started from the kept sequence
+        self.reused_tokens = 0  # prompt tokens they did not prefill
+
+    def open(self, prefix: Seq[int]) -> Sequence:
+        """A sequence for a request whose prompt, all but its last token, is `prefix`: the kept one cut back
+        to the tokens it shares with prefix (its `length` says how many are already there), or a fresh one."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            shared = shared_prefix(kept.tokens, prefix)
+            if shared >= self.min_tokens:
+                kept.truncate(shared)
+                self.hits += 1
+                self.reused_tokens += shared
+                return kept
+            kept.release()
+        return self.backend.new_sequence()
+
+    def close(self, sequence: Sequence, reusable: bool) -> None:
+        """A request is over: keep its sequence for the next one (releasing the one kept before), or free it.
+        reusable False (the request failed: its cache may hold a pass that did not complete) frees it."""
+        if not (self.enabled and reusable and sequence.length):
+            sequence.release()
+            return
+        if self._kept is not None and self._kept is not sequence:
+            self._kept.release()
+        self._kept = sequence
+
+    def clear(self) -> None:
+        """Free the kept sequence's memory."""
+        if self._kept is not None:
+            self._kept.release()
+            self._kept = None

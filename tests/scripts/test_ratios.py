@@ -1,0 +1,56 @@
+"""scripts/ratios.py: a bench run's ratios over any of its configurations, per category."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("ratios", SCRIPTS / "ratios.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def request(config, prompt, category, tps, decode, tpot, passes=10, out=20, error=None):
+    stats = {"decode_tokens_per_s": decode, "target_passes": passes, "output_tokens": out}
+    return {"config": config, "prompt_id": prompt, "category": category, "repeat": 0, "error": error,
+            "tokens_per_s": tps, "tpot_s": tpot, "stats": stats}  # fmt: skip
+
+
+REQUESTS = [
+    request("plain", "a1", "a", 10.0, 12.0, 0.1, passes=20),
+    request("fast", "a1", "a", 20.0, 30.0, 0.05, passes=5),
+    request("plain", "a2", "a", 10.0, 10.0, 0.1, passes=20),
+    request("fast", "a2", "a", 15.0, None, 0.08, passes=15),  # no decode-only rate (e.g. another program's loop)
+    request("plain", "b1", "b", 8.0, 8.0, 0.1),
+    request("fast", "b1", "b", 4.0, 4.0, 0.2, error="boom"),  # errored: left out
+]
+
+
+def test_medians_of_per_prompt_ratios_by_category_and_overall(script):
+    rows = {row["category"]: row["fast"] for row in script.table(REQUESTS, "plain", ["fast"])}
+    assert rows["a"]["whole"] == pytest.approx((2.0 + 1.5) / 2) and rows["a"]["decode"] == pytest.approx(2.5)
+    assert rows["a"]["tpot"] == pytest.approx((0.5 + 0.8) / 2) and rows["a"]["tau"] == pytest.approx(40 / 20)
+    assert rows["b"]["whole"] is None and rows["b"]["prompts"] == 0
+    assert rows["all"] == rows["a"]
+
+
+def test_the_command_reads_gzip_and_prints_markdown(script, tmp_path, capsys):
+    path = tmp_path / "results.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"requests": REQUESTS}, f)
+    assert script.main([str(path), "--over", "plain"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| category (over plain) | fast:") and lines[2] == "| a | 1.750x, 2.500x; 0.650; 2.00 |"
+    assert lines[3] == "| b | n/a, n/a; n/a; n/a |"
+    with pytest.raises(SystemExit):
+        script.main([str(path), "--over", "plain", "--configs", "nope"])

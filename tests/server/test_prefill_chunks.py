@@ -1,0 +1,300 @@
+"""Chunked prefill: a long prompt is prefilled a bounded number of tokens per scheduler round, so
+running requests keep decoding between its chunks and a client that leaves mid-prefill is dropped
+before the next chunk; the output is token for token that of a prompt prefilled whole.
+
+Nothing here waits on time: events are tagged with the scheduler's round counter, and a hook on
+Generation.prefill_chunk (called by the worker when it plans a chunk) submits or cancels requests at
+a known round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from serverkit import fake_pipeline, native_pipeline
+
+from spekula.config import BackendConfig, SamplingParams, StopConfig
+from spekula.engine import Engine, Generation
+from spekula.errors import ConfigError
+from spekula.server.metrics import ServerMetrics
+from spekula.server.scheduler import Delta, Failed, Finished, Job, Scheduler
+from spekula.server.settings import ServerSettings
+
+WAIT = 20.0  # seconds close() may take before the test fails
+CHUNK = 16
+LONG = bytes(32 + (7 * i) % 95 for i in range(400)).decode()  # 400 printable bytes: 400 tokens, 25 chunks of 16
+
+PIPELINES = {
+    "one-after-another": lambda: fake_pipeline(draft="other", k=3),  # a backend that does not batch
+    "batched": lambda: native_pipeline(k=3, draft="other"),  # the native runner, fp32
+}
+
+
+class Log:
+    """What the worker did, in order: (round, job id, event) and (round, job id, chunk tokens)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.events: list[tuple[int, str, object]] = []
+        self.chunks: list[tuple[int, str, int]] = []
+        self.on_chunk = lambda job_id, count: None  # called after a job's count-th chunk is planned
+        self.jobs: list[Job] = []
+        self._ended: set[str] = set()
+        self._all_ended = threading.Event()
+
+    def job(self, job_id: str, ids: list[int], max_tokens: int) -> Job:
+        stop = StopConfig(max_tokens=max_tokens, ignore_eos=True)
+        job = Job(job_id, ids, SamplingParams(), stop, lambda e: self._sink(job, e), WAIT)
+        self.jobs.append(job)
+        return job
+
+    def _sink(self, job: Job, event) -> None:
+        self.events.append((self.scheduler.rounds, job.id, event))
+        if isinstance(event, (Finished, Failed)):
+            self._ended.add(job.id)
+            if self._ended == {j.id for j in self.jobs}:
+                self._all_ended.set()
+
+    def run(self) -> None:
+        """Start the worker; return once every job made so far (or by the hooks) has ended and the worker stopped."""
+        self.scheduler.start()
+        assert self._all_ended.wait(WAIT)
+        assert self.scheduler.close(WAIT)
+
+    def of(self, job_id: str) -> list[tuple[int, object]]:
+        return [(r, e) for r, j, e in self.events if j == job_id]
+
+    def chunks_of(self, job_id: str) -> list[tuple[int, int]]:
+        return [(r, n) for r, j, n in self.chunks if j == job_id]
+
+    def text(self, job_id: str) -> str:
+        return "".join(e.text for _, e in self.of(job_id) if isinstance(e, Delta))
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """A scheduler factory whose Log sees every chunk the worker plans, by job id."""
+    logs: list[Log] = []
+    planned = Generation.prefill_chunk
+
+    def prefill_chunk(self, budget=None):
+        chunk = planned(self, budget)
+        log = logs[-1] if logs else None
+        job = next((j for j in log.jobs if j.run is not None and j.run.generation is self), None) if log else None
+        if job is None:  # a request outside the scheduler (the plain reference)
+            return chunk
+        log.chunks.append((log.scheduler.rounds, job.id, len(chunk.tokens)))
+        log.on_chunk(job.id, len(log.chunks_of(job.id)))
+        return chunk
+
+    monkeypatch.setattr(Generation, "prefill_chunk", prefill_chunk)
+
+    def make(pipe, **options) -> Log:
+        logs.append(Log(Scheduler(pipe, ServerMetrics(), max_queue=16, **options)))
+        return logs[-1]
+
+    return make
+
+
+def plain_text(pipe, ids: list[int], max_tokens: int) -> str:
+    stop = StopConfig(max_tokens=max_tokens, ignore_eos=True)
+    return pipe.generate(ids, SamplingParams(), stop, plain=True).text
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_a_short_request_finishes_while_a_long_prompt_prefills(kind, recorded):
+    """The short request arrives during the long prompt's third chunk. It is prefilled in the next
+    round (fewest tokens left first, inside the same budget), steps every round after, and finishes
+    before the long prompt's prefill ends; no round prefills more than the budget."""
+    pipe = PIPELINES[kind]()
+    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
+    long_ids, short_ids = pipe.codec.encode(LONG), pipe.codec.encode("hi there")
+
+    def arrive(job_id: str, count: int) -> None:
+        if job_id == "long" and count == 3:
+            log.scheduler.submit(log.job("short", short_ids, 5))
+
+    log.on_chunk = arrive
+    log.scheduler.submit(log.job("long", long_ids, 8))
+    log.run()
+
+    per_round: dict[int, int] = {}
+    for r, _, n in log.chunks:
+        per_round[r] = per_round.get(r, 0) + n
+    assert max(per_round.values()) == CHUNK and sum(n for _, n in log.chunks_of("long")) == len(long_ids) - 1
+    long_prefilled = log.chunks_of("long")[-1][0]  # the round of its last chunk
+    assert long_prefilled >= (len(long_ids) - 1) // CHUNK  # 25 rounds at least
+
+    assert log.chunks_of("short") == [(4, len(short_ids) - 1)]  # submitted in round 3, admitted and prefilled in 4
+    assert 4 not in [r for r, _ in log.chunks_of("long")]  # the short one had waited on a chunk: no chunk beside it
+    (short_end, short_finished) = log.of("short")[-1]
+    assert isinstance(short_finished, Finished) and short_finished.stats.output_tokens == 5
+    assert short_end == 4 + short_finished.stats.target_passes - 1  # one step in every round from round 4 on
+    assert short_end < long_prefilled
+    assert all(r >= long_prefilled for r, _ in log.of("long"))  # the long one's first step: after its last chunk
+    long_finished = log.of("long")[-1][1]
+    assert isinstance(long_finished, Finished) and long_finished.stats.prefill_s > 0
+
+    assert log.text("short") == plain_text(pipe, short_ids, 5)  # token for token what a whole prefill gives
+    assert log.text("long") == plain_text(pipe, long_ids, 8)
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_a_client_that_leaves_mid_prefill_frees_the_slot_before_the_next_chunk(kind, recorded):
+    """One slot; the long request's client leaves during its third chunk. The next round drops it
+    before any chunk runs (its KV cache released), and the waiting request takes the slot."""
+    pipe = PIPELINES[kind]()
+    log = recorded(pipe, max_running=1, prefill_chunk=CHUNK)
+    long_job = log.job("long", pipe.codec.encode(LONG), 8)
+    short_ids = pipe.codec.encode("next in line")
+
+    def leave(job_id: str, count: int) -> None:
+        if job_id == "long" and count == 3:
+            log.scheduler.cancel(long_job)
+
+    log.on_chunk = leave
+    log.scheduler.submit(long_job)
+    log.scheduler.submit(log.job("short", short_ids, 4))
+    log.run()
+
+    assert log.chunks_of("long") == [(1, CHUNK), (2, CHUNK), (3, CHUNK)]  # no chunk after the client left
+    ((left_round, failed),) = log.of("long")
+    assert isinstance(failed, Failed) and failed.error.status == 499 and left_round == 4
+    assert long_job.run.generation.target_sequence.tokens == []  # the cache is released
+    assert log.chunks_of("short")[0][0] == 5  # admitted at the first admission after the slot was freed
+    assert isinstance(log.of("short")[-1][1], Finished) and log.text("short") == plain_text(pipe, short_ids, 4)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7, 100, 512])
+def test_the_server_s_output_does_not_depend_on_the_chunk(chunk, recorded):
+    """Greedy through the batching scheduler (fp32 native), several prompts prefilling at once: the
+    same text for every budget, and the same as plain decoding of a whole prompt."""
+    pipe = PIPELINES["batched"]()
+    log = recorded(pipe, max_running=4, prefill_chunk=chunk)
+    prompts = {"long": LONG, "mid": LONG[:150], "short": "ab", "one": "z"}
+    for job_id, prompt in prompts.items():
+        log.scheduler.submit(log.job(job_id, pipe.codec.encode(prompt), 12))
+    log.run()
+    for job_id, prompt in prompts.items():
+        assert isinstance(log.of(job_id)[-1][1], Finished), job_id
+        assert log.text(job_id) == plain_text(pipe, pipe.codec.encode(prompt), 12), job_id
+    if chunk:
+        rounds = {r for r, _, _ in log.chunks}
+        assert all(sum(n for r2, _, n in log.chunks if r2 == r) <= chunk for r in rounds)
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_generation_prefill_in_chunks(kind):
+    """The engine's API: prefill(budget) runs at most budget tokens and returns what is left; the
+    prefill time is recorded when the last chunk has run; the cache then holds all but the pending
+    token, and decoding gives the tokens of a whole prefill (speculative, greedy, fp32)."""
+    pipe = PIPELINES[kind]()
+    ids = pipe.codec.encode(LONG[:100])
+    stop = StopConfig(max_tokens=16, ignore_eos=True)
+
+    def engine() -> Engine:  # a fresh one each time: nothing kept from an earlier request (Engine.prompt_cache)
+        return Engine(pipe.target, pipe.engine.proposer, pipe.spec)
+
+    whole = engine().generate(ids, SamplingParams(), stop).run()
+    gen = engine().generate(ids, SamplingParams(), stop)
+    assert gen.prefill_left == 99 and not gen.prefill_done
+    lefts = []
+    while not gen.prefill_done:
+        lefts.append(gen.prefill(40))
+        assert gen.stats.prefill_s == 0.0 or gen.prefill_done
+    assert lefts == [59, 19, 0] and gen.target_sequence.tokens == ids[:-1] and gen.stats.prefill_s > 0
+    with pytest.raises(RuntimeError):
+        gen.prefill(40)
+    assert gen.run().token_ids == whole.token_ids and gen.stats.target_passes == whole.stats.target_passes
+
+    one = engine().generate(ids[:1], SamplingParams(), stop)  # a one-token prompt: nothing to prefill
+    assert one.prefill_left == 0 and one.prefill(5) == 0 and one.prefill_done
+    with pytest.raises(ValueError):
+        engine().generate(ids, SamplingParams(), stop).prefill_chunk(0)
+
+
+def test_the_options():
+    """--prefill-chunk (serve), and --context-length (every model command: a long prompt on llama.cpp needs it),
+    which the draft's backend inherits."""
+    from spekula.cli import build_parser
+    from spekula.options import backend_from_args
+    from spekula.pipeline import draft_backend_config
+    from spekula.server.cli import settings_from_args
+
+    assert ServerSettings().prefill_chunk == 256 and ServerSettings(prefill_chunk=0).prefill_chunk == 0
+    with pytest.raises(ConfigError, match="--prefill-chunk"):
+        ServerSettings(prefill_chunk=-1)
+    args = build_parser().parse_args(["serve", "--prefill-chunk", "64", "--context-length", "8192"])
+    assert settings_from_args(args).prefill_chunk == 64
+    target = backend_from_args(args)
+    assert target.context_length == 8192 and draft_backend_config("ngram", target).context_length == 8192
+    assert backend_from_args(build_parser().parse_args(["serve"])).context_length is None
+    with pytest.raises(ConfigError, match="context_length"):
+        BackendConfig(context_length=1)
+
+
+@pytest.mark.model
+def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one():
+    """llama.cpp (smollm2 GGUF, without --exact): a prompt longer than one llama_decode (512 tokens) prefilled
+    in chunks of 256 or 100 gives the next-token logits of a whole prefill bit for bit, and the same greedy
+    tokens after it."""
+    import torch
+
+    from spekula.pipeline import load_model
+
+    backend, codec = load_model("smollm2-135m", BackendConfig(runtime="llamacpp", threads=2, context_length=1024))
+    ids = codec.encode(PASSAGE)
+    assert len(ids) > 512 and backend.context_length == 1024  # --context-length reaches llama.cpp
+
+    def run(chunk: int | None) -> tuple[torch.Tensor, list[int]]:  # a fresh engine: nothing kept (prompt_cache)
+        gen = Engine(backend).generate(ids, SamplingParams(), StopConfig(max_tokens=6, ignore_eos=True))
+        while gen.prefill(chunk):
+            pass
+        logits = gen.target_sequence.forward([ids[-1]])
+        gen.target_sequence.truncate(len(ids) - 1)
+        return logits, gen.run().token_ids
+
+    whole_logits, whole_tokens = run(None)
+    for chunk in (256, 100):
+        logits, tokens = run(chunk)
+        assert torch.equal(logits, whole_logits) and tokens == whole_tokens, chunk
+
+
+PASSAGE = (
+    "The scheduler owns the model on one worker thread. Each round it admits waiting requests, prefills "
+    "a bounded number of prompt tokens, and gives every running request one speculative step. "
+) * 24
+
+
+def test_a_long_prefill_takes_at_most_half_the_time_while_others_decode(recorded, monkeypatch):
+    """On a clock that advances one unit per token a forward pass runs (so the test does not depend on
+    the machine): while a request decodes, the long prompt's chunks cost no more than the decoding
+    rounds between them, plus one chunk."""
+    import types
+
+    import spekula.server.scheduler as scheduler_module
+    from spekula.backends.base import Sequence
+
+    clock = [0.0]
+    forward = Sequence.forward
+
+    def timed(self, token_ids, num_logits=None):
+        clock[0] += len(token_ids)
+        return forward(self, token_ids, num_logits)
+
+    monkeypatch.setattr(Sequence, "forward", timed)
+    monkeypatch.setattr(
+        scheduler_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic)
+    )
+    pipe = fake_pipeline(draft="other", k=3)
+    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
+    log.scheduler.submit(log.job("decoder", pipe.codec.encode("go"), 60))
+    log.scheduler.submit(log.job("long", pipe.codec.encode(LONG), 4))
+    log.run()
+
+    decoder_end = log.of("decoder")[-1][0]
+    beside = [r for r, _ in log.chunks_of("long") if r <= decoder_end]  # rounds with a chunk while the other decoded
+    assert len(beside) >= 2 and isinstance(log.of("decoder")[-1][1], Finished)
+    assert len(beside) <= beside[-1] // 2 + 1  # at most about every other round (without the rule: every one)
