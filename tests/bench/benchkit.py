@@ -88,3 +88,22 @@ UNSEEN = [
     },
     {"messages": [{"role": "user", "content": "list three colours"}], "category": "chat", "id": "colours"},
 ]
+
+
+def tune_over(contenders, choices, workload, tmp_path, **options):
+    """spekula.bench.commands.tune over in-memory contenders with the settings the tune tests share; options
+    override them (dtype, runtime, emit, ...)."""
+    from spekula.bench import commands
+    from spekula.bench.workloads import load_workload
+
+    settings = dict(
+        target_name="table-0",
+        dtype="float32",
+        models=[],
+        workload_name="w",
+        out_dir=tmp_path / "out",
+        config_path=tmp_path / "tuned.json",
+        max_tokens=16,
+        progress=False,
+    )
+    return commands.tune(contenders, choices, ByteCodec(), load_workload(workload), **{**settings, **options})

@@ -22,16 +22,14 @@ import shlex
 
 import pytest
 
-from spekula.bench import commands
 from spekula.bench.emit import ENGINES, emit, parse_engines, read_tuned
 from spekula.bench.runner import SpecChoice
 from spekula.bench.tune import CONFIG_KEYS
-from spekula.bench.workloads import load_workload
 from spekula.cli import main
 from spekula.config import K_MAX
 from spekula.errors import ConfigError
 
-from benchkit import ByteCodec, contenders_for, table
+from benchkit import contenders_for, table, tune_over
 
 VLLM_KEYS = {
     "method",
@@ -244,21 +242,8 @@ def test_tune_writes_the_emission_of_what_it_recommends(tmp_path, unseen_workloa
     """The whole path: sweep, recommend, write tuned-config.json, tune.json and emit-<engine>.sh."""
     choices = [SpecChoice("same", 3), SpecChoice("same", None)]
     contenders = contenders_for(table(0, work=12), {"same": table(0)}, choices)
-    outcome, text, paths = commands.tune(
-        contenders,
-        choices,
-        ByteCodec(),
-        load_workload(unseen_workload),
-        target_name="table-0",
-        dtype="float32",
-        models=[],
-        workload_name="w",
-        out_dir=tmp_path / "out",
-        config_path=tmp_path / "tuned.json",
-        max_tokens=16,
-        progress=False,
-        runtime="native",
-        emit=["vllm", "llama-server"],
+    outcome, text, paths = tune_over(
+        contenders, choices, unseen_workload, tmp_path, runtime="native", emit=["vllm", "llama-server"]
     )
     assert outcome["recommended"].startswith("same k=") and outcome["runtime"] == "native"
     v = outcome["emit"]["vllm"]["options"]

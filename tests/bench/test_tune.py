@@ -13,34 +13,19 @@ import json
 
 import pytest
 
-from spekula.bench import commands
 from spekula.bench.runner import SpecChoice
 from spekula.bench.tune import CONFIG_KEYS
-from spekula.bench.workloads import load_workload
 from spekula.cli import parser_and_commands
 from spekula.options import load_config_file
 
-from benchkit import ByteCodec, contenders_for, table
+from benchkit import ByteCodec, contenders_for, table, tune_over
 
 WORK = 12
 
 
 def run_tune(tmp_path, workload, drafts, choices):
     contenders = contenders_for(table(0, work=WORK), drafts, choices)
-    return commands.tune(
-        contenders,
-        choices,
-        ByteCodec(),
-        load_workload(workload),
-        target_name="table-0",
-        dtype="float32",
-        models=[],
-        workload_name="w",
-        out_dir=tmp_path / "out",
-        config_path=tmp_path / "tuned.json",
-        max_tokens=16,
-        progress=False,
-    )
+    return tune_over(contenders, choices, workload, tmp_path)
 
 
 def test_recommends_plain_when_speculation_loses(tmp_path, unseen_workload):
@@ -109,21 +94,7 @@ def run_two_runtimes(tmp_path, workload, own_work, other_work):
 
     choices = [SpecChoice("ngram", 2), SpecChoice("none", 0, backend="native")]
     contenders = build_contenders(table(0, work=own_work), ByteCodec(), choices, None, load_runtime)
-    return commands.tune(
-        contenders,
-        choices,
-        ByteCodec(),
-        load_workload(workload),
-        target_name="table-0",
-        dtype="bfloat16",
-        models=[],
-        workload_name="w",
-        out_dir=tmp_path / "out",
-        config_path=tmp_path / "tuned.json",
-        max_tokens=16,
-        progress=False,
-        runtime="llamacpp",
-    )
+    return tune_over(contenders, choices, workload, tmp_path, dtype="bfloat16", runtime="llamacpp")
 
 
 def test_a_faster_runtime_is_recommended_by_name_and_recorded(tmp_path, unseen_workload):
