@@ -150,6 +150,7 @@ class StopConfig:
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_PARALLEL = 256  # llama.cpp's most sequence ids in one context
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,16 @@ class BackendConfig:
     # Most tokens one sequence (prompt + output) holds; None: the runtime's default (llama.cpp 4096, its
     # KV cache allocated whole per running request; the others the model's own context).
     context_length: int | None = None
+    # Sequences one pass may carry together (llama.cpp: sequence ids in one shared context, its KV cache
+    # for parallel x context_length tokens allocated at load). The server asks for one per running
+    # request; 1: every sequence alone. The native runner batches any number; transformers none.
+    parallel: int = 1
 
     def __post_init__(self) -> None:
+        if not _is_int(self.parallel) or not 1 <= self.parallel <= MAX_PARALLEL:
+            raise ConfigError(
+                f"parallel must be an integer in [1, {MAX_PARALLEL}] (sequences in one pass), got {self.parallel!r}"
+            )
         if not isinstance(self.exact, bool):
             raise ConfigError(f"exact must be true or false, got {self.exact!r}")
         if self.context_length is not None and (not isinstance(self.context_length, int) or self.context_length < 2):

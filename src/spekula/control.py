@@ -25,8 +25,10 @@ Acceptance is learnt per *draft class* where the proposer can tell, before draft
 its next draft is (Proposer.draft_class): n-gram lookup's drafts after a long match are accepted
 far more often than after a one-token match (docs/BENCHMARKS.md, acceptance by draft class;
 `scripts/experiments/ngram_replay.py --by-class`), so one alpha for both would bet on the weak
-matches and hold back on the strong ones. A batching scheduler chooses one k for a whole round from
-each request's running alpha instead; CostModel.best_batch_k says why.
+matches and hold back on the strong ones. A batching scheduler chooses every request's k for a round
+together (CostModel.best_ks), from what each request's controller expects of its next draft
+(Controller.outlook): the rows of one pass are shared, so a draft pays only if its expected tokens
+pay for its own rows at what the pass's other rows already cost.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class Controller(ABC):
         catch_up: context tokens the draft must process before its first draft (a cold draft cache);
         draft_class: what the proposer knows of its next draft (Proposer.draft_class; NO_DRAFT: it
         has none to offer, so k = 0)."""
+
+    def outlook(self, draft_class: str | None = None) -> tuple[list[float], int] | None:
+        """For a batching scheduler choosing this request's k (CostModel.best_ks): the expected
+        acceptance of its next draft by position, and the longest draft it may make; None: nothing
+        to weigh (no draft to offer, or a controller with a fixed k: the scheduler leaves it be)."""
+        return None
 
     def observe(
         self,
@@ -202,10 +210,16 @@ class AdaptiveK(Controller):
         saved_per_token = c.target_cost(1) - 1.0 / c.tokens_per_s(alpha, k)
         return remaining * saved_per_token > catch_up * c.draft_prefill_s_per_token
 
+    def outlook(self, draft_class: str | None = None) -> tuple[list[float], int] | None:
+        """Expected acceptance of a draft of this class (acceptance()), up to the slow-start cap;
+        None when the proposer has nothing to draft."""
+        if draft_class == NO_DRAFT:
+            return None
+        return self.acceptance(draft_class), self.k_cap
+
     @property
     def alpha(self) -> float:
-        """This request's running acceptance rate, all draft classes and positions together: what a
-        batching scheduler passes to CostModel.best_batch_k."""
+        """This request's running acceptance rate, all draft classes and positions together."""
         prior = self.prior_weight
         return (self._accepted + prior * self.costs.alpha) / (self._accepted + self._rejected + prior)
 

@@ -17,6 +17,7 @@ acceptance, is spekula.control's business (one request) or the scheduler's (a ba
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import re
 import time
@@ -222,38 +223,49 @@ class CostModel:
 
     def best_k(self, alpha: float | Sequence[float], k_max: int) -> tuple[int, float]:
         """(k, predicted speedup over plain decoding) maximising expected tokens per second of one
-        sequence: best_batch_k with a batch of one."""
-        return self.best_batch_k([alpha], k_max)
+        sequence (tokens_per_s): best_ks with a batch of one. A lone request (AdaptiveK.choose_k)
+        passes the rates of the draft class it is about to make, by position, scaled by its own
+        evidence."""
+        ks, speedup = self.best_ks([(alpha, k_max)])
+        return ks[0], speedup
 
-    def best_batch_k(self, alphas: Sequence[float | Sequence[float]], k_max: int) -> tuple[int, float]:
-        """One k for every sequence of a pass: (k, predicted speedup over plain decoding).
+    def best_ks(self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]) -> tuple[list[int], float]:
+        """A k for each sequence of one pass, and the pass's predicted speedup over plain decoding.
 
-        alphas: each sequence's expected acceptance (a rate, or rates by draft position). A pass over
-        B sequences verifies B (k + 1) rows. On a CPU wide passes turn compute-bound, so the batch's
-        own plain pass (B rows) gets cheap per token and speculation pays less as B grows:
+        outlooks: per sequence, (its expected acceptance: a rate, or rates by draft position; the
+        longest draft it may make), or None when it has nothing to draft (k = 0). The pass verifies
+        sum_i (k_i + 1) rows and the drafts run one after another:
 
-            rate(k) = sum_i E(alpha_i, k) / (T_target(B (k + 1)) + B k T_draft)    (drafts run one by one)
+            rate(k_1 .. k_B) = sum_i E(alpha_i, k_i) / (T_target(sum_i (k_i + 1)) + sum_i k_i T_draft)
 
-        Ties go to the longer draft. With one sequence this is tokens_per_s, maximised.
-
-        The rule is the same for one request and for a batch; what differs is the acceptance each
-        passes in. A lone request (AdaptiveK.choose_k) chooses k for the one draft it is about to
-        make, and its proposer has already said how promising that draft is: so it passes the rates
-        of that draft class, by position, scaled by the request's own evidence. A batching scheduler
-        chooses one k for every sequence of the round before any of them drafts (Generation.plan
-        takes the round's k as given, then asks the proposer for its draft class), and their next
-        drafts are of different classes; so it passes each request's running alpha over all its
-        drafts (AdaptiveK.alpha): how many tokens the request adds per pass on average. Slow start,
-        the catch-up check and probes guard one request's bet and have no part in a shared k.
+        One k for all would make a request whose drafts fail pay for the rows of one whose drafts
+        pass, or hold back the one that copies; here each draft is as long as its own expected
+        tokens pay for its rows, at what the pass's other rows already cost. Exact: for every total
+        D of drafted tokens the split that emits most is built greedily (each sequence's gain per
+        extra token never grows), and the D with the best rate wins (ties to the longer drafts).
         """
-        B = len(alphas)
-
-        def rate(k: int) -> float:
-            drafting_s = B * k * self.draft_s_per_token
-            return sum(expected_tokens(a, k) for a in alphas) / (self.target_cost(B * (k + 1)) + drafting_s)
-
-        best, k = max((rate(k), k) for k in range(k_max + 1))
-        return k, best / rate(0)
+        B = len(outlooks)
+        # Each sequence's extra expected tokens from its j-th drafted token: the chance every draft token
+        # up to it is accepted. They never grow with j, so for any number D of drafted tokens in the pass
+        # the best split gives them out one at a time, each to the sequence whose next one adds most.
+        heap: list[tuple[float, int, int]] = []  # (-the next token's gain, sequence, tokens it drafts so far)
+        for i, o in enumerate(outlooks):
+            if o is not None and o[1] > 0:
+                heap.append((-(expected_tokens(o[0], 1) - 1.0), i, 0))
+        heapq.heapify(heap)
+        ks, best_ks = [0] * B, [0] * B
+        tokens, drafted = float(B), 0
+        plain = best = tokens / self.target_cost(B)
+        while heap:
+            minus_gain, i, k = heapq.heappop(heap)
+            tokens, drafted, ks[i] = tokens - minus_gain, drafted + 1, k + 1
+            alpha, cap = outlooks[i]
+            if k + 1 < cap:
+                heapq.heappush(heap, (-(expected_tokens(alpha, k + 2) - expected_tokens(alpha, k + 1)), i, k + 1))
+            rate = tokens / (self.target_cost(B + drafted) + drafted * self.draft_s_per_token)
+            if rate >= best:  # ties to the longer drafts
+                best, best_ks = rate, list(ks)
+        return best_ks, best / plain
 
     def calibrate(
         self,
@@ -273,7 +285,7 @@ class CostModel:
         is also how a stale table (stale()) is measured again.
 
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
-        then timed at powers of two up to it, once each, for best_batch_k.
+        then timed at powers of two up to it, once each, for best_ks.
         """
         last = k_max + 1
         wide, n = [], 16

@@ -49,8 +49,11 @@ class Engine:
     def calibrate(self, max_batch: int = 1) -> None:
         """Measure target passes of up to k_max + 1 tokens (CostModel.calibrate says which widths) and a
         draft step on this machine (and, for a batching server, passes up to max_batch x (k_max + 1) rows)."""
-        draft = self.proposer.draft_backend if self.proposer is not None else None
         self._max_batch = max_batch
+        self._measure(max_batch)
+
+    def _measure(self, max_batch: int) -> None:
+        draft = self.proposer.draft_backend if self.proposer is not None else None
         rows = max_batch * (self.spec.k_max + 1) if max_batch > 1 else 0
         self.costs.calibrate(self.target, draft, k_max=self.spec.k_max, max_rows=rows)
 
@@ -58,8 +61,13 @@ class Engine:
         if self.proposer is None:
             return FixedK(0)
         if self.spec.k is None:
-            if not self.costs.target_s or self.costs.stale():  # stale: passes observed disagree with the table
-                self.calibrate(self._max_batch)
+            if not self.costs.target_s:
+                self._measure(self._max_batch)
+            elif self.costs.stale():
+                # Passes observed disagree with the table: the widths one request drafts are measured again
+                # (a few seconds). A batching server's wide widths keep their start-up times, scaled by the
+                # drift: measuring them again would hold every running request for tens of seconds.
+                self._measure(1)
             return AdaptiveK(self.costs, k_max=self.spec.k_max)
         return FixedK(self.spec.k)
 
@@ -154,19 +162,37 @@ class Generation:
 
     # -- one step in two halves, so a scheduler can batch the score pass of many requests -------
 
+    def outlook(self) -> tuple[list[float], int] | None:
+        """What a batching scheduler weighs to choose this request's k (CostModel.best_ks): its
+        controller's expected acceptance of the next draft by position, and the longest draft it may
+        make (the controller's cap, the tokens left); None when it has nothing to draft."""
+        if self.finish_reason is not None or self.proposer is None or not self.prefill_done:
+            return None
+        outlook = self.controller.outlook(self.proposer.draft_class(self._committed))
+        if outlook is None:
+            return None
+        acceptance, k_cap = outlook
+        return acceptance, min(k_cap, self._budget() - 1)
+
+    def _budget(self) -> int:
+        """Tokens this request may still emit: max_tokens, and room in the target's context."""
+        return min(
+            self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(self._committed)
+        )
+
     def plan(self, k: int | None = None) -> "PlannedStep | None":
         """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
         score pass must run. None when the request is finished. The first call prefills the prompt
         (what prefill() has not).
 
-        k: a batching scheduler's choice for the whole batch (None: this request's controller).
+        k: a batching scheduler's choice for this request (None: this request's controller).
         """
         if self.finish_reason is not None:
             return None
         if not self.prefill_done:
             self.prefill()  # what is left of the prompt, in one pass
         committed = self._committed
-        budget = min(self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(committed))
+        budget = self._budget()
         if budget <= 0:
             self.finish_reason = "length"
             return None
@@ -179,7 +205,7 @@ class Generation:
         elif draft_class == NO_DRAFT:
             k, reason = 0, NO_DRAFT_REASON  # a batch's k, but this request has nothing to draft
         else:
-            reason = f"batch: k={k} for the round"
+            reason = f"batch: k={k} chosen with the round's other requests"
         if k > budget - 1:
             k, reason = budget - 1, f"{reason}; k={budget - 1}: {budget} tokens left"
         t0 = time.perf_counter()
@@ -268,6 +294,8 @@ class Generation:
             raise RuntimeError("the prompt is prefilled already")
         if self.target_sequence is None:
             self._open()
+        # what a request running beside this one has prefilled of the same prompt (a server's batch)
+        self.stats.cached_tokens += self.engine.prompt_cache.borrow(self.target_sequence, self._committed[:-1])
         start = self.target_sequence.length
         end = len(self.prompt_ids) - 1 if budget is None else min(start + budget, len(self.prompt_ids) - 1)
         return PrefillChunk(self.target_sequence, self._committed[start:end])

@@ -169,3 +169,42 @@ def test_a_batch_of_one_lets_the_request_s_own_controller_choose_k(monkeypatch):
     imposed.clear()
     run(pipe, [request, Request("a second one", 40)])
     assert imposed and all(k is not None for k in imposed[:2])  # round 1 of two requests: the batch rule's k
+
+
+def test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for(monkeypatch):
+    """--k auto, batched: the scheduler asks every decoding request what it expects of its next draft
+    (Generation.outlook) and chooses their ks together (CostModel.best_ks). On a compute-bound cost
+    curve a request whose drafts are accepted drafts beside one whose drafts fail, which decodes plainly."""
+    pipe = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    rows = {1: 0.05, 2: 0.09, 4: 0.12, 8: 0.34, 16: 0.39, 17: 0.55, 32: 0.8, 64: 1.6, 144: 3.6}  # llama.cpp-like
+    pipe.engine.costs = CostModel(target_s=rows, frozen=True)
+    copying = pipe.codec.encode("copy me: ")
+    monkeypatch.setattr(Generation, "outlook", lambda self: ([1.0], 8) if self.prompt_ids == copying else ([0.0], 8))
+    imposed: dict[bool, list[int | None]] = {True: [], False: []}
+    plan = Generation.plan
+    monkeypatch.setattr(
+        Generation, "plan", lambda self, k=None: imposed[self.prompt_ids == copying].append(k) or plan(self, k)
+    )
+    run(pipe, [Request("copy me: ", 24), Request("not me", 24)], scheduler)
+    rounds = min(len(imposed[True]), len(imposed[False]))
+    assert rounds >= 2
+    assert all(k is not None and k > 0 for k in imposed[True][:rounds])  # while both run: it drafts
+    assert imposed[False][:rounds] == [0] * rounds  # and the other does not
+
+
+def test_a_failing_outlook_costs_its_request_a_draft_not_the_worker(monkeypatch):
+    """If asking a request what it expects of its draft raises, that request decodes plainly that
+    round and every request still finishes."""
+    pipe = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    broken = pipe.codec.encode("broken: ")
+
+    def outlook(self):
+        if self.prompt_ids == broken:
+            raise RuntimeError("a proposer bug")
+        return ([0.9], 4)
+
+    monkeypatch.setattr(Generation, "outlook", outlook)
+    outcomes = run(pipe, [Request("broken: ", 12), Request("fine", 12)], scheduler)
+    assert [o.finished.stats.output_tokens for o in outcomes] == [12, 12]

@@ -8,7 +8,7 @@ import pytest
 
 from spekula.cli import build_parser, main
 from spekula.errors import ConfigError
-from spekula.server.cli import settings_from_args
+from spekula.server.cli import settings_from_args, target_backend
 from spekula.server.listen import bind
 from spekula.server.settings import ServerSettings
 
@@ -45,6 +45,15 @@ def test_options_and_environment(monkeypatch):
     assert (s.port, s.max_queue, s.max_running, s.max_tokens_limit, s.default_max_tokens) == (9000, 3, 2, 50, 10)
     assert (s.api_key, s.request_timeout_s, s.sampling.temperature, s.log_prompts) == ("from-env", 5.0, 0.7, True)
     assert settings("--api-key", "flag").api_key == "flag"  # the flag wins over the environment
+
+
+@pytest.mark.parametrize("running,parallel", [(16, 17), (1, 2), (400, 256)])
+def test_the_target_holds_a_sequence_per_running_request_and_the_prompt_cache(running, parallel):
+    """llama.cpp batches the running requests in one shared context of --max-running + 1 sequences
+    (the prompt cache keeps one), at most llama.cpp's 256."""
+    args = build_parser().parse_args(["serve", "--backend", "llamacpp", "--max-running", str(running)])
+    config = target_backend(args, settings_from_args(args))
+    assert (config.runtime, config.parallel) == ("llamacpp", parallel)
 
 
 @pytest.mark.parametrize(

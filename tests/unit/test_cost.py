@@ -33,13 +33,47 @@ def test_batched_passes_switch_speculation_off_as_the_batch_grows():
     # Packed fp32 weights on a CPU: flat up to ~16 rows, then compute-bound (linear in rows).
     target_s = {1: 0.65, 9: 0.80, 16: 0.95, 32: 1.9, 64: 3.8, 144: 8.6}
     c = CostModel(target_s=target_s, draft_s_per_token=0.04, frozen=True)
-    alone, speedup_alone = c.best_batch_k([0.75], k_max=8)
+    (alone,), speedup_alone = c.best_ks([(0.75, 8)])
     assert (alone, speedup_alone) == c.best_k(0.75, k_max=8) and alone >= 3 and speedup_alone > 1.5
-    k16, speedup16 = c.best_batch_k([0.75] * 16, k_max=8)
-    assert k16 == 0 and speedup16 == 1.0  # 16 plain rows cost 0.95 s: per token, plain is already cheap
-    k4, _ = c.best_batch_k([0.75] * 4, k_max=8)
-    assert 0 < k4 < alone  # in between: shorter drafts
-    assert c.best_batch_k([0.0] * 4, k_max=8)[0] == 0
+    k16, speedup16 = c.best_ks([(0.75, 8)] * 16)
+    assert k16 == [0] * 16 and speedup16 == 1.0  # 16 plain rows cost 0.95 s: per token, plain is already cheap
+    k4, speedup4 = c.best_ks([(0.75, 8)] * 4)
+    assert 0 < sum(k4) < 4 * alone and 1.0 < speedup4 < speedup_alone  # in between: fewer drafted rows
+    assert c.best_ks([(0.0, 8)] * 4)[0] == [0] * 4
+
+
+def test_in_a_batch_each_request_drafts_what_its_own_acceptance_pays_for():
+    """llama.cpp's cost curve on 2 cores (compute-bound, cheapest per row in groups of 4): beside a
+    request whose drafts always fail, one that is copying drafts long, and the other stays plain;
+    with one k for both, the failing one would have paid for rows that emit nothing."""
+    c = CostModel(target_s={1: 0.052, 2: 0.09, 4: 0.12, 8: 0.34, 12: 0.37, 16: 0.39, 17: 0.55, 32: 0.8}, frozen=True)
+    ks, speedup = c.best_ks([(1.0, 15), (0.0, 15)])
+    assert ks[1] == 0 and ks[0] >= 3 and speedup > 1.5
+    # a request with nothing to draft (None) drafts nothing; one whose cap is 2 (slow start, or 3 tokens
+    # left) drafts at most 2
+    ks, _ = c.best_ks([None, (1.0, 2), (0.9, 15)])
+    assert ks[0] == 0 and ks[1] <= 2
+
+    def rate(outlooks, ks):
+        tokens = sum(1.0 if o is None else expected_tokens(o[0], k) for o, k in zip(outlooks, ks))
+        return tokens / c.target_cost(sum(ks) + len(ks))
+
+    # the best of every combination, on mixed batches of three
+    for outlooks in (
+        [(0.9, 15), (0.5, 15), (0.2, 15)],
+        [(0.99, 15), (0.99, 15), (0.0, 15)],
+        [None, (0.8, 7), ([0.95, 0.9, 0.9, 0.85], 15)],
+    ):
+        ks, speedup = c.best_ks(outlooks)
+        assert speedup == pytest.approx(rate(outlooks, ks) / rate(outlooks, [0, 0, 0]))
+        caps = [0 if o is None else o[1] for o in outlooks]
+        best = max(
+            rate(outlooks, [a, b, d])
+            for a in range(caps[0] + 1)
+            for b in range(caps[1] + 1)
+            for d in range(caps[2] + 1)
+        )
+        assert rate(outlooks, ks) == pytest.approx(best), (outlooks, ks)
 
 
 def test_compute_bound_target_with_a_costly_draft_decodes_plainly():
@@ -144,6 +178,33 @@ def test_a_stale_table_is_measured_again_before_the_next_request():
     assert costs.stale()
 
 
+def test_a_batching_server_measures_its_wide_passes_once(monkeypatch):
+    """A batching server calibrates passes up to max_batch x (k_max + 1) rows at start-up; a stale table
+    is measured again only up to k_max + 1 rows (the wide widths, tens of seconds on a CPU, would hold
+    every running request), and the wide widths keep their times."""
+    target = random_table_backend(20, seed=0)
+    engine = Engine(target, DraftModelFactory(random_table_backend(20, seed=1)), SpecConfig(k=None, k_max=3))
+    engine.calibrate(max_batch=8)
+    costs = engine.costs
+    wide = {n: t for n, t in costs.calibrated.items() if n > 4}
+    assert max(wide) == 32  # 8 x (3 + 1) rows
+    timed: list[int] = []
+    forward = type(target.new_sequence()).forward
+    monkeypatch.setattr(
+        type(target.new_sequence()),
+        "forward",
+        lambda seq, ids, num_logits=None: timed.append(len(ids)) or forward(seq, ids, num_logits),
+    )
+    for _ in range(10):
+        costs.observe_target(1, 50 * costs.calibrated[1])
+    for _ in range(RECALIBRATE_GAP):
+        costs.tick()
+    engine.new_controller()
+    assert not costs.stale() and max(timed) <= 64  # the context prefix (64 tokens), then widths up to 4
+    assert all(n <= 4 for n in timed if n != 64)
+    assert {n: costs.target_s[n] for n in wide} == wide
+
+
 def test_expected_tokens_by_draft_position():
     # the last rate holds for later positions
     assert expected_tokens([0.5, 1.0], 3) == pytest.approx(1 + 0.5 + 0.5 + 0.5)
@@ -153,7 +214,8 @@ def test_expected_tokens_by_draft_position():
 def test_one_sequence_is_a_batch_of_one():
     c = memory_bound()
     for alpha in (0.0, 0.3, 0.6, 0.95, 1.0, [0.9, 0.5, 0.7, 0.8], [0.2, 0.95]):
-        assert c.best_k(alpha, k_max=8) == c.best_batch_k([alpha], k_max=8)
+        ks, speedup = c.best_ks([(alpha, 8)])
+        assert c.best_k(alpha, k_max=8) == (ks[0], speedup)
     # and its rate is tokens_per_s, maximised
     k, speedup = c.best_k(0.8, k_max=8)
     assert speedup == pytest.approx(c.tokens_per_s(0.8, k) / c.tokens_per_s(0.8, 0))
@@ -167,9 +229,10 @@ def test_ties_go_to_the_longer_draft():
 
 def test_a_batch_sums_what_each_sequence_is_expected_to_emit():
     c = CostModel(target_s={1: 1.0, 2: 1.0, 4: 1.0, 8: 2.0}, frozen=True)
-    # two sequences, one that always accepts and one that never does: k = 1 emits 2 + 1 tokens in one
-    # 4-row pass, plain decoding 2 tokens in a 2-row pass of the same cost
-    k, speedup = c.best_batch_k([1.0, 0.0], k_max=1)
-    assert (k, speedup) == (1, pytest.approx(1.5))
+    # two sequences, one that always accepts (drafts of up to 2) and one that never does: the first drafts
+    # 2 and emits 3 tokens, the second 1, in one 4-row pass; plain decoding emits 2 tokens in a 2-row pass
+    # of the same cost
+    ks, speedup = c.best_ks([(1.0, 2), (0.0, 2)])
+    assert (ks, speedup) == ([2, 0], pytest.approx(2.0))
     # per-position rates count the same way as a flat rate of the same value
-    assert c.best_batch_k([[1.0], [0.0, 0.0]], k_max=3) == c.best_batch_k([1.0, 0.0], k_max=3)
+    assert c.best_ks([([1.0], 3), ([0.0, 0.0], 3)]) == c.best_ks([(1.0, 3), (0.0, 3)])

@@ -80,5 +80,11 @@ class Backend(ABC):
     @abstractmethod
     def new_sequence(self) -> Sequence: ...
 
+    def share_prefix(self, source: Sequence, target: Sequence, length: int) -> bool:
+        """Give `target` the cache of source's first `length` tokens without computing them again:
+        target holds a prefix of source's tokens, shorter than length, and afterwards holds
+        source.tokens[:length]. False (nothing done) where the runtime cannot share (the default)."""
+        return False
+
     def describe(self) -> dict:
         return {"backend": type(self).__name__, "name": self.name, "vocab_size": self.vocab_size}

@@ -1,17 +1,23 @@
 """llama.cpp as a runtime, through llama-cpp-python (GGUF models, quantised kernels).
 
-One model per backend and one llama.cpp context per sequence over it; a released sequence's context
-goes back to a pool. `forward` is one llama_decode over the block with logits requested for the last
-num_logits positions only (a long prefill does not pay the output layer for every prompt token);
-`truncate` removes the KV cells from the cut on (llama.cpp's kv_cache_seq_rm) and moves the position,
-so rollback costs nothing.
+One model per backend. A sequence is a sequence id in a llama.cpp context: with `parallel` > 1
+(BackendConfig.parallel; the server asks for one per running request) the first `parallel`
+sequences share ONE context, so `forward_batch` scores every running request's block in one
+llama_decode (continuous batching, as llama-server's slots do: on a compute-bound CPU a pass over
+several rows costs far less than as many one-row passes). Any further sequence, and every sequence
+when parallel is 1, gets a context of its own from a pool. `forward` is one llama_decode over the
+block with logits requested for the last num_logits positions only (a long prefill does not pay the
+output layer for every prompt token); `truncate` removes the sequence's KV cells from the cut on
+(llama.cpp's memory_seq_rm) and moves the position, so rollback costs nothing.
 
 Exact mode (BackendConfig.exact) makes a token's logits independent of how many tokens share its pass,
 bit for bit, so greedy speculative output equals plain decoding: the weights stay in the GGUF's own
 layout (llama.cpp's repacked 4-row kernels compute a block of 4 or more tokens with another
 accumulation order than one token) and attention runs in llama.cpp's flash-attention kernel (which
 computes each query row alone; the default kernel multiplies a block's queries as a matrix), and a
-block wider than llama.cpp keeps exact is scored in narrower pieces (`_widest_exact_block`). Its cost
+block wider than llama.cpp keeps exact is scored in narrower pieces (`_widest_exact_block`). A shared
+context would let other sequences' passes change where a sequence's KV cells lie and so the order
+attention sums them in, so exact mode gives every sequence its own context (no batching). Its cost
 by width is in docs/BENCHMARKS.md.
 
 Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`, `LlamaContext`,
@@ -21,6 +27,7 @@ Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`,
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,11 +39,19 @@ from spekula.backends.base import Backend, Capabilities, Sequence
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
+from spekula.limits import check_forward
 
-
-N_BATCH = 512  # tokens per llama_decode (a longer prefill is split)
+N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 EXACT_WIDTHS = (17, 7, 3)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 LONGEST_BLOCK = 65  # a verified block is at most k + 1 tokens (k <= 64); anything longer is a prompt
+# Attention in the shared context. llama.cpp's flash-attention kernel scores each query row alone, so a
+# sequence's attention does not depend on which other sequences share its pass (bit for bit); the
+# default kernel multiplies the pass's queries by the whole cell pool as matrices, and its results move
+# with the batch (up to ~0.3 of a logit on SmolLM2). But flash attention costs more for one token on AVX2
+# (Qwen2.5-Coder-1.5B Q4_K_M, 300-token context: 64 against 51 ms; 4 sequences 137 against 126 ms) and
+# less from 8 sequences on (303 against 349 ms; 16: 429 against 540). Off: one or a few requests at a
+# time is the common case, and without --exact greedy output is not promised bitwise anyway.
+SHARED_FLASH_ATTENTION = False
 
 
 class LlamaCppBackend(Backend):
@@ -64,6 +79,10 @@ class LlamaCppBackend(Backend):
         self.name = name or self.gguf_path.stem
         self.threads = config.threads or os.cpu_count() or 1
         self.exact = config.exact
+        self.parallel = 1 if self.exact else config.parallel  # sequences sharing one context (see the docstring)
+        # one attention kernel for all of this backend's contexts, so a sequence's logits do not depend on
+        # which context it got
+        self.flash_attention = self.exact or (self.parallel > 1 and SHARED_FLASH_ATTENTION)
         set_verbose(False)
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
@@ -75,25 +94,38 @@ class LlamaCppBackend(Backend):
         self.model = LlamaModel(path_model=str(self.gguf_path), params=params, verbose=False)
         self.vocab_size = int(self.model.n_vocab())
         self.eos_token_ids = frozenset({int(self.model.token_eos())})
-        self._pool: list[_Context] = []
-        probe = self._new_context(context_length)
-        self.context_length = min(context_length, int(probe.ctx.n_ctx()))
-        self._pool.append(probe)
+        self._pool: list[_Context] = []  # contexts of one sequence each, free for the next one
+        self._shared: _Context | None = None
+        self._free_ids: list[int] = []  # the shared context's sequence ids no sequence holds
+        if self.parallel > 1:
+            # Each sequence may hold context_length tokens, all at once: the KV cache never runs out.
+            self._shared = self._new_context(context_length * self.parallel, sequences=self.parallel)
+            self.context_length = min(context_length, int(self._shared.ctx.n_ctx()) // self.parallel)
+            self._free_ids = list(range(self.parallel - 1, -1, -1))
+            self.capabilities = replace(type(self).capabilities, batching=True)
+        else:
+            probe = self._new_context(context_length)
+            self.context_length = min(context_length, int(probe.ctx.n_ctx()))
+            self._pool.append(probe)
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
         if self.exact:
             self.exact_width = self._widest_exact_block()
             self.capabilities = replace(type(self).capabilities, block_invariant=True)
 
-    def _new_context(self, n_ctx: int) -> "_Context":
+    def _new_context(self, n_ctx: int, sequences: int = 1) -> "_Context":
         import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext
 
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = N_BATCH
+        params.n_seq_max = sequences
+        params.kv_unified = True  # one cell pool: a pass over several sequences is one ubatch, whatever their widths
         params.n_threads = params.n_threads_batch = self.threads
         params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.exact else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if self.flash_attention
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         ctx = LlamaContext(model=self.model, params=params, verbose=False)
         return _Context(ctx, LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False))
@@ -119,58 +151,140 @@ class LlamaCppBackend(Backend):
             seq.release()
 
     def new_sequence(self) -> "LlamaCppSequence":
+        if self._free_ids:
+            return LlamaCppSequence(self, self._shared, self._free_ids.pop())
         context = self._pool.pop() if self._pool else self._new_context(self.context_length)
-        return LlamaCppSequence(self, context)
+        return LlamaCppSequence(self, context, 0)
+
+    def share_prefix(self, source: Sequence, target: Sequence, length: int) -> bool:
+        """In the shared context, source's KV cells for positions target.length .. length - 1 are
+        tagged with target's sequence id too (llama.cpp's memory_seq_cp on a unified cache: no copy, no
+        compute); they stay target's after source rolls back or is released."""
+        shared = self._shared
+        if shared is None or not isinstance(source, LlamaCppSequence) or not isinstance(target, LlamaCppSequence):
+            return False
+        if source.context is not shared or target.context is not shared or source.released or target.released:
+            return False
+        start = target.length
+        if not start < length <= source.length or source.tokens[:start] != target.tokens:
+            return False
+        shared.ctx.kv_cache_seq_cp(source.seq_id, target.seq_id, start, length)
+        target.tokens.extend(source.tokens[start:length])
+        return True
+
+    def forward_batch(
+        self,
+        sequences: Seq["LlamaCppSequence"],
+        token_lists: Seq[Seq[int]],
+        num_logits: Seq[int | None] | None = None,
+    ) -> list[torch.Tensor]:
+        """One pass over several sequences, each appending its own tokens at its own positions: the
+        sequences in the shared context go through one llama_decode (split at N_BATCH tokens), any other
+        alone. Returns, per sequence, float32 logits [num_logits, V] for its last num_logits new tokens
+        (all of them if None)."""
+        n = len(sequences)
+        num_logits = [None] * n if num_logits is None else list(num_logits)
+        if not n == len(token_lists) == len(num_logits):
+            raise ValueError("forward_batch needs one token list and num_logits per sequence")
+        if len({id(s) for s in sequences}) != n:
+            raise ValueError("a sequence appears twice in one batch")
+        blocks = []
+        for seq, ids, wanted in zip(sequences, token_lists, num_logits):
+            if seq.backend is not self:
+                raise ValueError("the sequence belongs to another backend")
+            seq.check_open()
+            ids = [int(t) for t in ids]
+            wanted = len(ids) if wanted is None else wanted
+            check_forward(seq.length, len(ids), seq.context_length)
+            if not 1 <= wanted <= len(ids):
+                raise ValueError(f"num_logits must be in [1, {len(ids)}], got {wanted}")
+            blocks.append(_Block(seq, ids, wanted))
+        shared = [b for b in blocks if b.seq.context is self._shared and self._shared is not None]
+        groups = ([shared] if shared else []) + [[b] for b in blocks if b not in shared]
+        logits: dict[int, torch.Tensor] = {}
+        for group in groups:
+            for block, out in zip(group, self._decode(group[0].seq.context, group)):
+                logits[id(block)] = out
+        for block in blocks:
+            block.seq.tokens.extend(block.ids)
+        return [logits[id(block)] for block in blocks]
+
+    def _decode(self, context: "_Context", blocks: list["_Block"]) -> list[torch.Tensor]:
+        """Append every block to its sequence's cache in `context`, in llama_decode calls of at most
+        `width` tokens; the logits each block asked for, in its order."""
+        # A prompt is scored by one call in plain and in speculative decoding alike, so only a lone
+        # verified block needs exact mode's width.
+        width = N_BATCH
+        if len(blocks) == 1 and len(blocks[0].ids) <= LONGEST_BLOCK:
+            width = self.exact_width
+        rows = [
+            (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
+            for b, block in enumerate(blocks)
+            for i, token in enumerate(block.ids)
+        ]
+        out: list[list[np.ndarray]] = [[] for _ in blocks]
+        ctx, batch, vocab = context.ctx, context.batch, self.vocab_size
+        for start in range(0, len(rows), width):
+            chunk = rows[start : start + width]
+            raw = batch.batch  # filled as llama-cpp-python's set_batch does, choosing which rows get logits
+            raw.n_tokens = len(chunk)
+            for i, (token, position, seq_id, wants_logits, _) in enumerate(chunk):
+                raw.token[i] = token
+                raw.pos[i] = position
+                raw.seq_id[i][0] = seq_id
+                raw.n_seq_id[i] = 1
+                raw.logits[i] = wants_logits
+            ctx.decode(batch)
+            owners = [b for *_, wants_logits, b in chunk if wants_logits]
+            if owners:
+                got = np.ctypeslib.as_array(ctx.get_logits(), shape=(len(owners) * vocab,)).reshape(len(owners), vocab)
+                for row, b in zip(got, owners):
+                    out[b].append(row.copy())
+        return [torch.from_numpy(np.stack(rows_)) for rows_ in out]
 
 
 @dataclass
 class _Context:
-    """One sequence's llama.cpp context and the batch its passes are written into."""
+    """A llama.cpp context and the batch its passes are written into."""
 
     ctx: Any  # llama_cpp._internals.LlamaContext
     batch: Any  # llama_cpp._internals.LlamaBatch
 
 
+@dataclass(eq=False)
+class _Block:
+    seq: "LlamaCppSequence"
+    ids: list[int]
+    wanted: int  # logits for the last `wanted` tokens
+
+
 class LlamaCppSequence(Sequence):
-    def __init__(self, backend: LlamaCppBackend, context: _Context) -> None:
+    def __init__(self, backend: LlamaCppBackend, context: _Context, seq_id: int) -> None:
         super().__init__(backend.context_length)
         self.backend = backend
         self.context = context
-        context.ctx.kv_cache_seq_rm(-1, 0, -1)
+        self.seq_id = seq_id
+        self.released = False
+        context.ctx.kv_cache_seq_rm(seq_id, 0, -1)
+
+    def check_open(self) -> None:
+        if self.released:  # its sequence id or context may be another sequence's now
+            raise RuntimeError("this sequence was released; open a new one with backend.new_sequence()")
 
     def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
-        ctx, batch = self.context.ctx, self.context.batch
-        position = self.length
-        rows: list[np.ndarray] = []
-        # A prompt is scored by one call in plain and in speculative decoding alike, so only blocks need
-        # the exact width.
-        step = self.backend.exact_width if len(token_ids) <= LONGEST_BLOCK else N_BATCH
-        for start in range(0, len(token_ids), step):
-            chunk = token_ids[start : start + step]
-            want = max(0, num_logits - (len(token_ids) - start - len(chunk)))  # outputs wanted from this chunk
-            want = min(want, len(chunk))
-            # llama_batch: filled as llama-cpp-python's set_batch does, choosing which rows get logits
-            raw = batch.batch
-            raw.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
-                raw.token[i] = token
-                raw.pos[i] = position + i
-                raw.seq_id[i][0] = 0
-                raw.n_seq_id[i] = 1
-                raw.logits[i] = i >= len(chunk) - want
-            ctx.decode(batch)
-            vocab = self.backend.vocab_size
-            if want:
-                logits = np.ctypeslib.as_array(ctx.get_logits(), shape=(want * vocab,))
-                rows.append(logits.reshape(want, vocab).copy())
-            position += len(chunk)
-        return torch.from_numpy(np.concatenate(rows)[-num_logits:])
+        self.check_open()
+        return self.backend._decode(self.context, [_Block(self, token_ids, num_logits)])[0]
 
     def _truncate(self, length: int) -> None:
-        self.context.ctx.kv_cache_seq_rm(-1, length, -1)
+        self.context.ctx.kv_cache_seq_rm(self.seq_id, length, -1)
 
     def release(self) -> None:
-        self.context.ctx.kv_cache_seq_rm(-1, 0, -1)
+        if self.released:
+            return
+        self.released = True
+        self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
         self.tokens.clear()
-        if self.context not in self.backend._pool:
+        if self.context is self.backend._shared:
+            self.backend._free_ids.append(self.seq_id)
+        else:
             self.backend._pool.append(self.context)

@@ -6,8 +6,10 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
+from spekula.config import MAX_PARALLEL, BackendConfig
 from spekula.extras import needs_extra
 from spekula.options import (
     add_model_options,
@@ -43,7 +45,12 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
         "--served-model-name", default=None, help="the name clients send as `model` (default: the --target name)"
     )
     g.add_argument(
-        "--max-running", type=int, default=d.max_running, help=f"requests generating at once (default {d.max_running})"
+        "--max-running",
+        type=int,
+        default=d.max_running,
+        help=f"requests generating at once, batched in one pass (default {d.max_running}); on llama.cpp the KV cache "
+        "for this many requests (plus one kept by the prompt cache) of --context-length tokens each is allocated "
+        "at start",
     )
     g.add_argument(
         "--max-queue",
@@ -115,6 +122,12 @@ def settings_from_args(args: argparse.Namespace):
     )
 
 
+def target_backend(args: argparse.Namespace, settings) -> BackendConfig:
+    """The target's BackendConfig: one sequence per running request plus the prompt cache's kept one,
+    batched in one pass where the runtime can (llama.cpp: one shared context; BackendConfig.parallel)."""
+    return replace(backend_from_args(args), parallel=min(settings.max_running + 1, MAX_PARALLEL))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     with needs_extra("server", "spekula serve"):
         from spekula.server.app import create_app
@@ -128,7 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"warning: listening on {settings.host} without an API key: anyone who can reach this port can use it")
     _say(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
     pipe = Pipeline.load(
-        args.target, args.draft, spec_from_args(args), backend_from_args(args), draft_backend_from_args(args)
+        args.target, args.draft, spec_from_args(args), target_backend(args, settings), draft_backend_from_args(args)
     )
     host, port = sock.getsockname()[:2]
     _say(

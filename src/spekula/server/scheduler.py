@@ -6,9 +6,10 @@
 - Requests join between rounds. Each round gives every running request ONE engine step (up to
   k + 1 tokens), the same way for one request as for many: every request drafts (Generation.plan),
   the target scores the blocks (score), then each accepts and advances (Generation.complete). With
-  a backend that batches (`capabilities.batching`, the native runner) the score is ONE forward over
-  every block: continuous batching; otherwise (the transformers and llama.cpp backends) the blocks
-  are scored one after another. A lone request is a batch of one.
+  a backend that batches (`capabilities.batching`: the native runner, and llama.cpp with
+  BackendConfig.parallel > 1) the score is ONE forward over every block: continuous batching;
+  otherwise (transformers, llama.cpp in exact mode) the blocks are scored one after another. A lone
+  request is a batch of one.
 - Prompts are prefilled in chunks: each round spends at most `prefill_chunk` prompt tokens (shared by
   every request still prefilling, fewest tokens left first, so a short prompt is not held behind a
   long one) before the decode steps, so running requests keep decoding while a long prompt prefills,
@@ -22,12 +23,14 @@
   round starts.
 - Speculation under load (`--k auto`): one at a time, a step costs the same whether 1 or 16
   requests run, so each request's own controller is right for the server too, and it chooses k
-  for a batch of one. Batched, it is not: a pass over B sequences verifies B (k + 1) rows, plain
-  decoding gets cheaper per token as B grows, and the scheduler picks one k for the round from the
-  cost model (CostModel.best_batch_k over the requests' running alphas, with pass costs measured up
-  to the widest batch at start-up and refined with every round). k = 0 is one of the choices:
-  speculation switches off when the batch makes it unprofitable and comes back when the batch
-  shrinks. A fixed --k is left as given.
+  for a batch of one. Batched, it is not: a pass verifies every request's k + 1 rows, plain
+  decoding gets cheaper per token as the batch grows, and the scheduler chooses every request's k
+  for the round together from the cost model (CostModel.best_ks over what each request's controller
+  expects of its next draft, with pass costs measured up to the widest batch at start-up and refined
+  with every round): a request whose drafts are being accepted drafts as long as its rows pay, one
+  whose drafts fail decodes plainly beside it. k = 0 for all is one of the choices: speculation
+  switches off when the batch makes it unprofitable and comes back when the batch shrinks. A fixed
+  --k is left as given.
 - The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
 - A cancelled request (client gone) is closed before its next step or prefill chunk: within one
   round its KV caches are freed and its slot goes to the next waiting request. The same holds for a
@@ -260,7 +263,7 @@ class Scheduler:
         self.rounds += 1
         self._prefill([job for job in self._running if not job.run.generation.prefill_done])
         started = time.perf_counter()
-        planned = self._plan(self._choose_batch_k())
+        planned = self._plan(self._choose_batch_ks())
         for job, step, logits, score_s in self._score(planned):
             run = job.run
             try:
@@ -278,14 +281,15 @@ class Scheduler:
         if planned:
             self._owed_s -= time.perf_counter() - started
 
-    def _plan(self, k: int | None) -> list[tuple[Job, PlannedStep]]:
-        """Stage 1 for every live request whose prompt is prefilled: what the score pass must run."""
+    def _plan(self, ks: dict[Job, int] | None) -> list[tuple[Job, PlannedStep]]:
+        """Stage 1 for every live request whose prompt is prefilled: what the score pass must run.
+        ks: each request's k for the round (None: each request's controller chooses)."""
         planned: list[tuple[Job, PlannedStep]] = []
         for job in list(self._running):
             if not job.run.generation.prefill_done or not self._live(job):
                 continue
             try:
-                step = job.run.generation.plan(k)
+                step = job.run.generation.plan(None if ks is None else ks.get(job, 0))
             except Exception:
                 log.exception("request %s failed before its target pass", job.id)
                 self._finish(job, "error", ENGINE_ERROR)
@@ -408,18 +412,26 @@ class Scheduler:
             for job, _ in group:
                 job.run.generation.prefilled()
 
-    def _choose_batch_k(self) -> int | None:
-        """The round's k from the cost model for a batch of two or more (None: each request's own
-        controller, as for a batch of one, a backend that does not batch, or a fixed --k)."""
+    def _choose_batch_ks(self) -> dict[Job, int] | None:
+        """Each decoding request's k for the round, chosen together by the cost model for a batch of
+        two or more (None: each request's own controller, as for a batch of one, a backend that does
+        not batch, or a fixed --k)."""
         decoding = [job for job in self._running if job.run.generation.prefill_done]
         if not self._batch_k or len(decoding) < 2:
             return None
-        engine = self.pipeline.engine
-        controllers = [job.run.generation.controller for job in decoding]
-        k, speedup = engine.costs.best_batch_k([c.alpha for c in controllers], engine.spec.k_max)
-        for controller in controllers:
-            controller.predicted_speedup = speedup  # what the stats and traces report for this step
-        return k
+        ks, speedup = self.pipeline.engine.costs.best_ks([self._outlook(job) for job in decoding])
+        for job in decoding:
+            job.run.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
+        return dict(zip(decoding, ks))
+
+    @staticmethod
+    def _outlook(job: Job) -> tuple[list[float], int] | None:
+        """Generation.outlook, or None (k = 0 this round) if asking failed: its plan() reports the failure."""
+        try:
+            return job.run.generation.outlook()
+        except Exception:
+            log.exception("request %s: its draft outlook failed", job.id)
+            return None
 
     def _live(self, job: Job) -> bool:
         """False (and the job finished) when its client is gone or its time is up."""
@@ -474,10 +486,11 @@ class Scheduler:
             log.info("request %s: %s before it started", job.id, reason)
             return
         log.info(
-            "request %s: %s, %d prompt + %d output tokens, alpha %s, tau %s, %.2f s",
+            "request %s: %s, %d prompt (%d cached) + %d output tokens, alpha %s, tau %s, %.2f s",
             job.id,
             reason,
             stats.prompt_tokens,
+            stats.cached_tokens,
             stats.output_tokens,
             _fmt(stats.alpha),
             _fmt(stats.tau),

@@ -1,0 +1,222 @@
+"""Continuous batching on llama.cpp: with BackendConfig.parallel > 1 the first `parallel` sequences are
+sequence ids in one shared context, and forward_batch scores all their blocks in one llama_decode.
+
+SmolLM2's GGUF (Q4_1, whose weights llama.cpp does not repack on these CPUs) goes through the same
+matrix kernels whatever a pass's width; with flash attention in the shared context (each query row
+scored alone) a batched pass then gives each sequence exactly the logits it gets alone, so these tests
+compare bit for bit and greedy text for text. The default shared context (llamacpp.SHARED_FLASH_ATTENTION
+off) is checked to within llama.cpp's rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_prefill_chunks import Log
+
+from spekula.backends import llamacpp
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.errors import ConfigError
+from spekula.pipeline import Pipeline, load_model
+from spekula.server.metrics import ServerMetrics
+from spekula.server.scheduler import Finished, Scheduler
+
+WAIT = 60.0
+PROMPTS = {
+    "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+    "colours": "The three primary colours are",
+    "story": "Once upon a time, in a small village,",
+    "list": "1. apples\n2. pears\n3.",
+}
+
+
+def llama(parallel: int) -> BackendConfig:
+    return BackendConfig(runtime="llamacpp", threads=2, parallel=parallel, context_length=512)
+
+
+@pytest.fixture(scope="module")
+def batched():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", True)
+        return load_model("smollm2-135m", llama(3))
+
+
+def test_the_default_shared_context_agrees_to_rounding():
+    """Flash attention off (the default): a sequence batched with others gets its own logits to within
+    llama.cpp's rounding, and the same greedy choice at every position."""
+    backend, codec = load_model("smollm2-135m", llama(2))
+    ids = [codec.encode(p) for p in list(PROMPTS.values())[:2]]
+    together = [backend.new_sequence() for _ in ids]
+    backend.forward_batch(together, ids, [1, 1])
+    stepped = backend.forward_batch(together, [[11, 22, 33], [44, 55]])
+    for prompt, block, logits in zip(ids, [[11, 22, 33], [44, 55]], stepped):
+        alone = backend.new_sequence()
+        assert alone.context is not backend._shared
+        alone.forward(prompt, 1)
+        single = alone.forward(block)
+        torch.testing.assert_close(logits, single, atol=0.5, rtol=0.02)
+        assert torch.equal(logits.argmax(-1), single.argmax(-1))
+
+
+def test_one_pass_over_several_sequences_gives_each_its_own_logits(batched):
+    backend, codec = batched
+    assert backend.capabilities.batching and backend.context_length == 512
+    ids = [codec.encode(p) for p in list(PROMPTS.values())[:3]]
+    together = [backend.new_sequence() for _ in ids]
+    assert all(s.context is backend._shared for s in together) and len({s.seq_id for s in together}) == 3
+    prefill = backend.forward_batch(together, ids, [1, 1, 1])
+    blocks = [[11, 22, 33], [44, 55], [66]]  # one verify step each, of different widths
+    stepped = backend.forward_batch(together, blocks)
+    assert [s.length for s in together] == [len(i) + len(b) for i, b in zip(ids, blocks)]
+    for prompt, block, first, logits in zip(ids, blocks, prefill, stepped):
+        alone = backend.new_sequence()  # a fourth sequence: its own context, outside the shared one
+        assert alone.context is not backend._shared
+        assert torch.equal(alone.forward(prompt, 1), first)
+        assert torch.equal(alone.forward(block), logits)
+        alone.release()
+    # rolling one sequence back leaves the others' caches alone
+    together[1].truncate(len(ids[1]))
+    assert torch.equal(together[1].forward([44, 55]), stepped[1])
+    assert torch.equal(backend.forward_batch([together[0]], [[77]])[0], _fresh(backend, ids[0] + blocks[0] + [77]))
+    for s in together:
+        s.release()
+
+
+def _fresh(backend, ids: list[int]) -> torch.Tensor:
+    seq = backend.new_sequence()
+    try:
+        return seq.forward(ids, 1)
+    finally:
+        seq.release()
+
+
+def test_sequence_ids_are_recycled_and_a_released_sequence_refuses_work(batched):
+    backend, _ = batched
+    first = [backend.new_sequence() for _ in range(3)]
+    ids = {s.seq_id for s in first}
+    overflow = backend.new_sequence()  # every id is taken: a context of its own, still usable in a batch
+    assert overflow.context is not backend._shared
+    out = backend.forward_batch([first[0], overflow], [[5, 6], [7]], [2, 1])
+    assert [o.shape[0] for o in out] == [2, 1] and overflow.length == 1
+    first[2].release()
+    first[2].release()  # twice is harmless: the id is freed once
+    again = backend.new_sequence()
+    assert again.context is backend._shared and again.seq_id == first[2].seq_id and again.length == 0
+    with pytest.raises(RuntimeError, match="released"):
+        first[2].forward([1])
+    with pytest.raises(RuntimeError, match="released"):
+        backend.forward_batch([first[2]], [[1]])
+    for s in (first[0], first[1], again, overflow):
+        s.release()
+    assert sorted(backend._free_ids) == sorted(ids)
+
+
+def test_forward_batch_refuses_what_it_cannot_run(batched):
+    backend, _ = batched
+    a, b = backend.new_sequence(), backend.new_sequence()
+    try:
+        with pytest.raises(ValueError, match="twice"):
+            backend.forward_batch([a, a], [[1], [2]])
+        with pytest.raises(ValueError, match="one token list"):
+            backend.forward_batch([a, b], [[1]])
+        with pytest.raises(ValueError, match="num_logits"):
+            backend.forward_batch([a], [[1, 2]], [3])
+        assert a.length == b.length == 0  # nothing ran
+    finally:
+        a.release()
+        b.release()
+
+
+def test_parallel_is_validated_and_exact_mode_keeps_sequences_apart():
+    with pytest.raises(ConfigError, match="parallel"):
+        BackendConfig(parallel=0)
+    exact, _ = load_model("smollm2-135m", BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=4))
+    assert not exact.capabilities.batching and exact.capabilities.block_invariant and exact._shared is None
+
+
+@pytest.mark.parametrize("k", [0, 3, None])
+def test_the_server_batches_concurrent_requests_on_llamacpp(k):
+    """Four greedy requests at once through the scheduler (plain, suffix drafting with k = 3, and --k
+    auto): the target's passes carry all four requests, and each finishes with its tokens. Plain and
+    fixed-k runs give every text plain decoding gives alone (deterministic rounds; with --k auto the
+    rounds follow measured times, and a rollback may leave a sequence's later cells out of position
+    order in the shared pool, which changes attention's summation order: not bitwise, so only checked
+    to finish)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", True)
+        pipe = Pipeline.load("smollm2-135m", "suffix", SpecConfig(k=k), llama(5))
+    calls: list[int] = []
+    forward_batch = pipe.target.forward_batch
+
+    def counted(sequences, *args, **kwargs):
+        calls.append(len(sequences))
+        return forward_batch(sequences, *args, **kwargs)
+
+    pipe.target.forward_batch = counted
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=4, max_queue=8, prefill_chunk=64)
+    assert scheduler.batching
+    log = Log(scheduler)
+    ids = {name: pipe.codec.encode(prompt) for name, prompt in PROMPTS.items()}
+    for name, prompt_ids in ids.items():
+        scheduler.submit(log.job(name, prompt_ids, 24))
+    log.run()
+    assert calls.count(4) >= 2  # the prefill and decode steps of all four, each in one pass
+    drafted = 0
+    for name, prompt_ids in ids.items():
+        finished = log.of(name)[-1][1]
+        assert isinstance(finished, Finished) and finished.stats.output_tokens == 24, name
+        drafted += finished.stats.drafted
+        if k is not None:
+            stop = StopConfig(max_tokens=24, ignore_eos=True)
+            assert log.text(name) == pipe.generate(prompt_ids, SamplingParams(), stop, plain=True).text, name
+    if k is not None:  # k = 3 drafts from the prompts' own text; plain never (--k auto: as the costs say)
+        assert (drafted > 0) == (k == 3)
+
+
+def test_a_sequence_shares_another_s_prefix_without_computing_it(batched):
+    """share_prefix tags the source's cells with the target's sequence id: the target then scores its next
+    tokens exactly as after prefilling the prefix itself, and keeps the cells when the source is gone."""
+    backend, codec = batched
+    ids = codec.encode(PROMPTS["code"])
+    source, target = backend.new_sequence(), backend.new_sequence()
+    source.forward(ids + [11, 22], 1)
+    assert backend.share_prefix(source, target, len(ids))
+    assert target.tokens == ids and source.length == len(ids) + 2
+    assert not backend.share_prefix(source, target, len(ids))  # nothing further to share
+    source.release()  # the cells stay the target's
+    assert torch.equal(target.forward([33, 44]), _fresh_block(backend, ids, [33, 44]))
+    others = [backend.new_sequence() for _ in range(3)]  # the two free ids, then a context of its own
+    assert others[2].context is not backend._shared and not backend.share_prefix(target, others[2], 3)
+    for s in (target, *others):
+        s.release()
+
+
+def _fresh_block(backend, prefix: list[int], block: list[int]) -> torch.Tensor:
+    seq = backend.new_sequence()
+    try:
+        seq.forward(prefix, 1)
+        return seq.forward(block)
+    finally:
+        seq.release()
+
+
+def test_a_request_borrows_the_prompt_a_running_request_prefilled():
+    """An edit session's second turn arrives with the first: the first (fewer tokens left) is prefilled
+    first, and the second's chunks then share its cells instead of computing them again; both texts are
+    those of plain decoding alone, and the second reports the borrowed tokens as cached."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", True)
+        pipe = Pipeline.load("smollm2-135m", "none", SpecConfig(k=0), llama(3))
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=2, max_queue=8, prefill_chunk=32)
+    log = Log(scheduler)
+    first = pipe.codec.encode(PROMPTS["code"] * 3)
+    second = first + pipe.codec.encode(" and then the next part of the answer")
+    scheduler.submit(log.job("first", first, 8))
+    scheduler.submit(log.job("second", second, 8))
+    log.run()
+    stop = StopConfig(max_tokens=8, ignore_eos=True)
+    for name, ids in (("first", first), ("second", second)):
+        assert log.text(name) == pipe.generate(ids, SamplingParams(), stop, plain=True).text, name
+    (_, done_first), (_, done_second) = log.of("first")[-1], log.of("second")[-1]
+    assert done_first.stats.cached_tokens == 0
+    assert done_second.stats.cached_tokens >= len(first) - 32  # all but what ran before the first's prefill
