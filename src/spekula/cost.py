@@ -245,6 +245,8 @@ class CostModel:
         extra token never grows), and the D with the best rate wins (ties to the longer drafts).
         """
         B = len(outlooks)
+        if B == 0:
+            return [], 1.0
         # Each sequence's extra expected tokens from its j-th drafted token: the chance every draft token
         # up to it is accepted. They never grow with j, so for any number D of drafted tokens in the pass
         # the best split gives them out one at a time, each to the sequence whose next one adds most.

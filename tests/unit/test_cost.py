@@ -49,6 +49,7 @@ def test_in_a_batch_each_request_drafts_what_its_own_acceptance_pays_for():
     c = CostModel(target_s={1: 0.052, 2: 0.09, 4: 0.12, 8: 0.34, 12: 0.37, 16: 0.39, 17: 0.55, 32: 0.8}, frozen=True)
     ks, speedup = c.best_ks([(1.0, 15), (0.0, 15)])
     assert ks[1] == 0 and ks[0] >= 3 and speedup > 1.5
+    assert c.best_ks([]) == ([], 1.0)  # an empty round
     # a request with nothing to draft (None) drafts nothing; one whose cap is 2 (slow start, or 3 tokens
     # left) drafts at most 2
     ks, _ = c.best_ks([None, (1.0, 2), (0.9, 15)])
