@@ -225,8 +225,11 @@ class Scheduler:
                     self._waiting.clear()
                     break
                 admitted = []
-                while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                while self._waiting and len(self._running) < self.max_running:
+                    # running from here on, before _admit opens it: close() waits for it, not only for
+                    # the queue (a job between the two would look drained and be aborted)
                     admitted.append(self._waiting.popleft())
+                    self._running.append(admitted[-1])
             for job in admitted:
                 self._admit(job)
             self._round()
@@ -253,8 +256,7 @@ class Scheduler:
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
         self.metrics.queue_time.observe(now - job.arrived)
         with self._cv:
-            self._running.append(job)
-            self._cv.notify_all()
+            self._cv.notify_all()  # wait_for() callers see it running, now with its generation
 
     def _round(self) -> None:
         """This round's prefill chunks, then one engine step for every request whose prompt is in:
