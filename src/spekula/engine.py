@@ -126,6 +126,7 @@ class Generation:
         self._start_time: float | None = None
         self._prefill_done = False
         self._step = 0
+        self._class_at: tuple[int, str | None] | None = None  # (committed length, its draft class): _draft_class
         self._finished = False
         self._steps = self._run()
 
@@ -168,11 +169,21 @@ class Generation:
         make (the controller's cap, the tokens left); None when it has nothing to draft."""
         if self.finish_reason is not None or self.proposer is None or not self.prefill_done:
             return None
-        outlook = self.controller.outlook(self.proposer.draft_class(self._committed))
+        outlook = self.controller.outlook(self._draft_class())
         if outlook is None:
             return None
         acceptance, k_cap = outlook
         return acceptance, min(k_cap, self._budget() - 1)
+
+    def _draft_class(self) -> str | None:
+        """The proposer's draft class for the committed tokens, asked once per step (outlook() and
+        plan() both need it in a batching server's round)."""
+        if self.proposer is None:
+            return None
+        length = len(self._committed)
+        if self._class_at is None or self._class_at[0] != length:
+            self._class_at = (length, self.proposer.draft_class(self._committed))
+        return self._class_at[1]
 
     def _budget(self) -> int:
         """Tokens this request may still emit: max_tokens, and room in the target's context."""
@@ -198,7 +209,7 @@ class Generation:
             return None
         proposer = self.proposer
         catch_up = proposer.catch_up(committed) if proposer is not None else 0
-        draft_class = proposer.draft_class(committed) if proposer is not None else None
+        draft_class = self._draft_class()
         if k is None:
             k = self.controller.choose_k(budget, catch_up, draft_class)
             reason = self.controller.reason

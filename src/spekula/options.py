@@ -241,17 +241,24 @@ def k_option(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def load_config_file(path: str, allowed: set[str]) -> dict[str, Any]:
-    """Option values from a JSON object whose keys are option names (underscores, e.g. top_p)."""
+def read_json_object(path: str, flag: str, not_an_object: str) -> dict[str, Any]:
+    """The JSON object in the file an option (`flag`) names; a ConfigError when it cannot be read, is
+    not JSON, or holds something else than an object (the error says `not_an_object`)."""
     try:
         with open(path) as f:
-            values = json.load(f)
+            value = json.load(f)
     except OSError as e:
-        raise ConfigError(f"cannot read --config {path}: {e.strerror}") from None
+        raise ConfigError(f"cannot read {flag} {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--config {path} is not valid JSON: {e}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"--config {path} must hold a JSON object of option names to values")
+        raise ConfigError(f"{flag} {path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(not_an_object)
+    return value
+
+
+def load_config_file(path: str, allowed: set[str]) -> dict[str, Any]:
+    """Option values from a JSON object whose keys are option names (underscores, e.g. top_p)."""
+    values = read_json_object(path, "--config", f"--config {path} must hold a JSON object of option names to values")
     unknown = sorted(set(values) - allowed)
     if unknown:
         raise ConfigError(

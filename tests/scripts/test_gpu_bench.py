@@ -3,28 +3,24 @@ hard-coded random-weight shapes against the catalogue models' configs where thos
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from scriptkit import SCRIPTS, loaded
 
 from spekula.backends.native_loader import args_from_hf_config
 from spekula.models.cache import hf_root
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_bench", SCRIPTS / "gpu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with loaded("gpu_bench.py") as module:
+        yield module
 
 
 def test_cpu_smoke_mode_prints_one_json_line(bench, capsys):

@@ -5,28 +5,21 @@ acceptance by draft class is measured, and docs/BENCHMARKS.md as where the oracl
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from scriptkit import loaded
 
 from spekula.config import SpecConfig
 from spekula.control import FixedK
 from spekula.cost import CostModel
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "experiments" / "ngram_replay.py"
 VOCAB, EOS = 64, 63
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("ngram_replay", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with loaded("experiments/ngram_replay.py") as module:
+        yield module
 
 
 def linear_costs() -> dict[int, float]:

@@ -3,23 +3,18 @@ model and width in the documented format, and bad widths are refused before anyt
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
+from scriptkit import loaded
 
 from spekula.testing import FunctionSequence, random_table_backend
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("pass_costs", SCRIPTS / "pass_costs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with loaded("pass_costs.py") as module:
+        yield module
 
 
 class ByteCodec:

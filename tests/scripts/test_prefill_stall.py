@@ -5,32 +5,22 @@ in chunks of 16 prefills in 25 passes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 from pipelinekit import fake_pipeline
+from scriptkit import loaded
 
 from spekula.server.app import create_app
 from spekula.server.background import serving
 from spekula.server.settings import ServerSettings
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 DELAY_S = 0.02
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("prefill_stall", SCRIPTS / "prefill_stall.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_prefill_stall_measures_a_chunked_server(capsys, one_torch_thread):
-    script = load_script()
     app = create_app(fake_pipeline(draft="same", k=4, delay_s=DELAY_S), ServerSettings(prefill_chunk=16))
-    with serving(app) as running:
+    with serving(app) as running, loaded("prefill_stall.py") as script:
         argv = ["--url", running.url, "--long-tokens", "400", "--ids", "32:95", "--chunk", "16"]
         rc = script.main([*argv, "--repeats", "2", "--long-repeats", "1", "--leave-after", "0.1", "--timeout", "60"])
     assert rc == 0

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from scriptkit import loaded
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("ratios", SCRIPTS / "ratios.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with loaded("ratios.py") as module:
+        yield module
 
 
 def request(config, prompt, category, tps, decode, tpot, passes=10, out=20, error=None):

@@ -9,31 +9,23 @@ probe and one request per greedy prompt), so the reference itself is always the 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 from pipelinekit import fake_pipeline
+from scriptkit import loaded
 
 from spekula.server.app import create_app
 from spekula.server.background import serving
 from spekula.server.settings import ServerSettings
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 @pytest.fixture(scope="module")
 def soak():
-    spec = importlib.util.spec_from_file_location("soak", SCRIPTS / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["soak"]
+    with loaded("soak.py") as module:
+        yield module
 
 
 class Faulty:

@@ -44,13 +44,15 @@ from spekula.limits import check_forward
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 EXACT_WIDTHS = (17, 7, 3)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 LONGEST_BLOCK = 65  # a verified block is at most k + 1 tokens (k <= 64); anything longer is a prompt
-# Attention in the shared context. llama.cpp's flash-attention kernel scores each query row alone, so a
-# sequence's attention does not depend on which other sequences share its pass (bit for bit); the
-# default kernel multiplies the pass's queries by the whole cell pool as matrices, and its results move
-# with the batch (up to ~0.3 of a logit on SmolLM2). But flash attention costs more for one token on AVX2
-# (Qwen2.5-Coder-1.5B Q4_K_M, 300-token context: 64 against 51 ms; 4 sequences 137 against 126 ms) and
-# less from 8 sequences on (303 against 349 ms; 16: 429 against 540). Off: one or a few requests at a
-# time is the common case, and without --exact greedy output is not promised bitwise anyway.
+# Attention in the shared context. llama.cpp's flash-attention kernel scores each query row alone over
+# its own sequence's cells, so a sequence's attention does not depend on which other sequences share its
+# pass (bit for bit); the default kernel multiplies the pass's queries by the whole cell pool as
+# matrices, so its results move with the batch (up to ~0.3 of a logit on SmolLM2) and its cost grows
+# with every running sequence's cells. `scripts/batch_costs.py` (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads,
+# 16 sequences of 300 tokens in the context) times one token of one sequence at 82 ms without flash
+# attention and 53 ms with it, 4 x 1 at 183 against 136, 16 x 1 at 541 against 421; with only one
+# sequence in the context (an idle server) flash attention costs more (64 against 51 ms, measured with
+# llama-cpp-python directly). Off for now: docs/BENCHMARKS.md's server runs were measured so.
 SHARED_FLASH_ATTENTION = False
 
 
@@ -222,7 +224,8 @@ class LlamaCppBackend(Backend):
             for b, block in enumerate(blocks)
             for i, token in enumerate(block.ids)
         ]
-        out: list[list[np.ndarray]] = [[] for _ in blocks]
+        out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
+        filled = [0] * len(blocks)
         ctx, batch, vocab = context.ctx, context.batch, self.vocab_size
         for start in range(0, len(rows), width):
             chunk = rows[start : start + width]
@@ -238,9 +241,10 @@ class LlamaCppBackend(Backend):
             owners = [b for *_, wants_logits, b in chunk if wants_logits]
             if owners:
                 got = np.ctypeslib.as_array(ctx.get_logits(), shape=(len(owners) * vocab,)).reshape(len(owners), vocab)
-                for row, b in zip(got, owners):
-                    out[b].append(row.copy())
-        return [torch.from_numpy(np.stack(rows_)) for rows_ in out]
+                for row, b in zip(got, owners):  # copied out before the next llama_decode overwrites them
+                    out[b][filled[b]] = row
+                    filled[b] += 1
+        return [torch.from_numpy(logits) for logits in out]
 
 
 @dataclass

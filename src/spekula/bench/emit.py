@@ -27,6 +27,7 @@ from typing import Any
 
 from spekula.config import K_MAX, SuffixOptions
 from spekula.errors import ConfigError
+from spekula.options import read_json_object
 
 VLLM = "vllm"
 SGLANG = "sglang"
@@ -304,15 +305,9 @@ def emit_all(engines: list[str], config: Mapping[str, Any], steps_by_k: Mapping[
 
 def read_tuned(path: str) -> tuple[dict[str, Any], dict[Any, int] | None]:
     """A tuned config file (tuned-config.json) or tune.json (which also records the k the controller chose)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read --from-config {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--from-config {path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--from-config {path}: expected a JSON object (tuned-config.json or tune.json)")
+    data = read_json_object(
+        path, "--from-config", f"--from-config {path}: expected a JSON object (tuned-config.json or tune.json)"
+    )
     if data.get("kind") == "spekula-tune":
         config = data.get("config") or {}
         row = next((r for r in data.get("table", []) if r.get("name") == data.get("recommended")), {})

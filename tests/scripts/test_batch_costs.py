@@ -1,0 +1,36 @@
+"""scripts/batch_costs.py: the cost of one batched llama.cpp pass by shape, as docs/BENCHMARKS.md and the
+shared context's attention choice (llamacpp.SHARED_FLASH_ATTENTION) cite it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from scriptkit import loaded
+
+from spekula.backends import llamacpp
+
+
+@pytest.fixture(scope="module")
+def script():
+    with loaded("batch_costs.py") as module:
+        yield module
+
+
+def test_it_times_each_shape_on_a_real_gguf(script, capsys, monkeypatch):
+    monkeypatch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", False)  # the script sets it; the test puts it back
+    assert (
+        script.main(["--shapes", "1x1,3x2", "--context", "8", "--repeats", "1", "--threads", "2", "smollm2-135m"]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("1 x 1: ") and lines[1].startswith("3 x 2: ")
+    summary = json.loads(lines[-1])
+    assert set(summary["ms"]) == {"1x1", "3x2"} and all(ms > 0 for ms in summary["ms"].values())
+    assert summary["flash_attention"] is False and summary["context"] == 8
+
+
+@pytest.mark.parametrize("text", ["", "4", "1x0", "ax1", "1x2x3"])
+def test_bad_shapes_are_refused(script, text):
+    with pytest.raises(argparse.ArgumentTypeError, match="BxS"):
+        script.shapes(text)
