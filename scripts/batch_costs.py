@@ -1,15 +1,16 @@
 """What one batched llama.cpp pass costs: milliseconds per pass over B sequences of S new tokens each
 (the server's continuous batching: one llama_decode in the shared context), after a cache of --context
 tokens per sequence. Each figure is the fastest of --repeats passes; the caches are truncated back
-after every pass. --flash-attention times the shared context with llama.cpp's flash-attention kernel
-(llamacpp.SHARED_FLASH_ATTENTION). Prints one line per shape, then one JSON line.
+after every pass. --attention default times the shared context with llama.cpp's default attention
+kernel instead of its flash-attention kernel (llamacpp.SHARED_FLASH_ATTENTION, the server's). Prints
+one line per shape, then one JSON line.
 
     B x S: MS ms (T tokens/s)
 
 Usage (a catalogue name or a .gguf path; loads the weights, downloads nothing):
 
     .venv/bin/python scripts/batch_costs.py [--shapes 1x1,4x1,1x4,16x1] [--context 300] [--repeats 3]
-        [--threads 2] [--flash-attention] [MODEL]
+        [--threads 2] [--attention flash|default] [MODEL]
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--context", type=int, default=300, help="tokens in each sequence's cache before the timed pass")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per shape; the fastest is printed")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--flash-attention", action="store_true", help="flash attention in the shared context")
+    ap.add_argument(
+        "--attention", choices=["flash", "default"], default="flash", help="llama.cpp's attention kernel in the context"
+    )
     ap.add_argument("model", nargs="?", default="qwen2.5-coder-1.5b")
     args = ap.parse_args(argv)
     if args.context < 1 or args.repeats < 1:
@@ -54,7 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     widest = max(b for b, _ in args.shapes)
-    llamacpp.SHARED_FLASH_ATTENTION = args.flash_attention
+    llamacpp.SHARED_FLASH_ATTENTION = args.attention == "flash"
     config = BackendConfig(runtime="llamacpp", threads=args.threads, parallel=max(widest, 2))
     backend, _ = load_model(args.model, config)
     sequences = [backend.new_sequence() for _ in range(widest)]
@@ -74,9 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{b} x {s}: {best * 1000:.0f} ms ({b * s / best:.1f} tokens/s)", flush=True)
     for seq in sequences:
         seq.release()
-    print(
-        json.dumps({"model": args.model, "context": args.context, "flash_attention": args.flash_attention, "ms": timed})
-    )
+    print(json.dumps({"model": args.model, "context": args.context, "attention": args.attention, "ms": timed}))
     return 0
 
 

@@ -67,8 +67,8 @@ class ReplayBackend(Backend):
     """A target whose greedy choice is a recorded output: expect(prompt, tokens) before each request.
 
     Each pass's logits are one-hot at the recorded next token (a row past the end: at token 0, which
-    the engine never asks for within the request's budget). The width of every score pass (not the
-    prompt's prefill) is appended to `widths`."""
+    the engine never asks for within the request's budget). The width of every score pass (its rows
+    with logits: the prompt's rest the first step carries is the prefill's) is appended to `widths`."""
 
     name = "replay"
 
@@ -97,8 +97,8 @@ class ReplaySequence(KVSequence):
 
     def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
         b, start = self.backend, self.length
-        if start >= b._prompt_len - 1:  # else the prompt's prefill: not decode time
-            b.widths.append(len(token_ids))
+        if start + len(token_ids) >= b._prompt_len:  # it scores the pending token: a step (else a prompt chunk)
+            b.widths.append(num_logits)  # the first step's pass carries the prompt's rest too: not decode time
         logits = torch.zeros(num_logits, b.vocab_size)  # [num_logits, V]
         for row, i in enumerate(range(len(token_ids) - num_logits, len(token_ids))):
             nxt = start + i + 1  # the position this row predicts

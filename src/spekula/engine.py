@@ -11,7 +11,8 @@ Plain decoding is k = 0 through the same code, so baselines are measured fairly.
 token ids only: tokenizing, chat templates, detokenizing and stop strings live in spekula.text.
 
 State between steps: `committed` holds prompt + output; the target's cache holds committed[:-1].
-The last committed token is *pending*: it is fed at the start of the next score pass.
+The last committed token is *pending*: it is fed at the start of the next score pass. The first
+step's pass also carries what is left of the prompt, in front of the pending token.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class Generation:
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
         self._start_time: float | None = None
         self._prefill_done = False
+        self._folded: list[int] | None = None  # the prompt's last chunk, left to the first step's pass (fold)
         self._step = 0
         self._class_at: tuple[int, str | None] | None = None  # (committed length, its draft class): _draft_class
         self._finished = False
@@ -167,7 +169,7 @@ class Generation:
         """What a batching scheduler weighs to choose this request's k (CostModel.best_ks): its
         controller's expected acceptance of the next draft by position, and the longest draft it may
         make (the controller's cap, the tokens left); None when it has nothing to draft."""
-        if self.finish_reason is not None or self.proposer is None or not self.prefill_done:
+        if self.finish_reason is not None or self.proposer is None or not self.ready:
             return None
         outlook = self.controller.outlook(self._draft_class())
         if outlook is None:
@@ -193,15 +195,20 @@ class Generation:
 
     def plan(self, k: int | None = None) -> "PlannedStep | None":
         """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
-        score pass must run. None when the request is finished. The first call prefills the prompt
-        (what prefill() has not).
+        score pass must run. None when the request is finished. What prefill() has not prefilled of
+        the prompt goes into the first step's pass, in front of the pending token and the draft (one
+        pass, as llama.cpp's own loop gets its first token from the prompt's pass).
 
         k: a batching scheduler's choice for this request (None: this request's controller).
         """
         if self.finish_reason is not None:
             return None
-        if not self.prefill_done:
-            self.prefill()  # what is left of the prompt, in one pass
+        prompt: list[int] = []
+        if not self.prefill_done:  # what is left of the prompt: this step's pass prefills it
+            prompt = self._folded if self._folded is not None else self.prefill_chunk().tokens
+            self._folded = None
+            if not prompt:
+                self.prefilled()
         committed = self._committed
         budget = self._budget()
         if budget <= 0:
@@ -223,7 +230,7 @@ class Generation:
         draft = self._draft(proposer, committed, k)
         return PlannedStep(
             self.target_sequence,
-            [committed[-1], *draft.tokens],
+            [*prompt, committed[-1], *draft.tokens],
             k,
             draft,
             len(committed),
@@ -232,6 +239,7 @@ class Generation:
             catch_up,
             draft_class,
             reason=reason,
+            prompt=len(prompt),
         )
 
     def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
@@ -251,15 +259,19 @@ class Generation:
             len(draft),
             verdict.num_accepted,
             draft_s,
-            score_s if step.alone else None,
+            score_s if step.alone and not step.prompt else None,  # a pass that prefilled is no step's cost
             step.catch_up,
             step.draft_class,
         )
         stats.record_step(k, len(draft), verdict.num_accepted, len(emitted), controller.predicted_speedup)
-        stats.draft_s += draft_s
-        stats.score_s += score_s
-        stats.accept_s += t3 - t2
-        stats.advance_s += t4 - t3
+        if step.prompt:  # this pass finished the prefill: its time and its tokens count as the prefill's
+            self.prefilled()
+            stats.prefill_output_tokens = len(emitted)
+        else:
+            stats.draft_s += draft_s
+            stats.score_s += score_s
+            stats.accept_s += t3 - t2
+            stats.advance_s += t4 - t3
         if stats.ttft_s is None:
             stats.ttft_s = t4 - self._start_time
         if self.recorder is not None:
@@ -277,8 +289,26 @@ class Generation:
 
     @property
     def prefill_done(self) -> bool:
-        """The target's cache holds the prompt (all but the pending last token): the next plan() decodes."""
+        """The target's cache holds the prompt (all but the pending last token): the next plan() decodes
+        (a plan() before then carries what is left of the prompt in its step's pass)."""
         return self._prefill_done
+
+    @property
+    def ready(self) -> bool:
+        """The next plan() can run: the prompt is prefilled, or its last chunk was folded into it."""
+        return self._prefill_done or self._folded is not None
+
+    def fold(self, chunk: "PrefillChunk") -> None:
+        """Leave the prompt's last chunk (from prefill_chunk(), not run) to the first step's pass: one
+        pass prefills it and scores the pending token and the draft, as a batching server's round does
+        with a request whose prompt finishes in it."""
+        if chunk.sequence is not self.target_sequence or self._prefill_done:
+            raise RuntimeError("fold() takes this request's last prefill chunk, before its first step")
+        if len(chunk.tokens) != self.prefill_left:
+            raise ValueError(
+                f"fold() takes the prompt's last chunk: {self.prefill_left} tokens, not {len(chunk.tokens)}"
+            )
+        self._folded = list(chunk.tokens)
 
     @property
     def prefill_left(self) -> int:
@@ -286,7 +316,7 @@ class Generation:
         if self._prefill_done:
             return 0
         held = self.target_sequence.length if self.target_sequence is not None else 0
-        return len(self.prompt_ids) - 1 - held
+        return max(len(self.prompt_ids) - 1 - held, 0)
 
     def prefill(self, budget: int | None = None) -> int:
         """Prefill up to `budget` more prompt tokens (None: all that are left) in one target pass.
@@ -314,7 +344,8 @@ class Generation:
     def prefilled(self) -> int:
         """After a chunk's pass: the prompt tokens still to prefill. At 0 the prefill is over, and
         stats.prefill_s records its wall time from the first chunk to now (with a scheduler, the other
-        requests' steps between the chunks included)."""
+        requests' steps between the chunks included; when the first step's pass prefilled the rest,
+        that pass too)."""
         left = self.prefill_left
         if left == 0 and not self._prefill_done:
             self._prefill_done = True
@@ -409,7 +440,7 @@ class PlannedStep:
     """A step between its draft and its target pass: the pass to run is `sequence.forward(tokens)`."""
 
     sequence: Sequence
-    tokens: list[int]  # the pending token, then the draft
+    tokens: list[int]  # the prompt's last unprefilled tokens (the first step only), the pending token, the draft
     k: int
     draft: Draft
     position: int  # of the first token this step emits
@@ -419,9 +450,15 @@ class PlannedStep:
     draft_class: str | None = None  # what the proposer knew of the draft beforehand (Proposer.draft_class)
     reason: str | None = None  # why k was chosen (Controller.reason, or the batch's k)
     alone: bool = True  # the pass runs for this sequence alone (False: inside a batch)
+    prompt: int = 0  # tokens at the front of `tokens` that finish the prompt's prefill (no logits wanted)
+
+    @property
+    def num_logits(self) -> int:
+        """Logits the pass returns: one for the pending token and one per drafted token."""
+        return len(self.tokens) - self.prompt
 
     def score(self) -> torch.Tensor:
-        return self.sequence.forward(self.tokens, num_logits=len(self.tokens))
+        return self.sequence.forward(self.tokens, num_logits=self.num_logits)
 
 
 def _step_record(

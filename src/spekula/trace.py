@@ -36,6 +36,7 @@ class RequestStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
     k_chosen: dict[int, int] = field(default_factory=dict)  # k -> number of steps
     prefill_s: float = 0.0
+    prefill_output_tokens: int = 0  # output tokens of the pass that finished the prefill (its first step)
     draft_s: float = 0.0
     score_s: float = 0.0
     accept_s: float = 0.0
@@ -86,7 +87,7 @@ class RequestStats:
     @property
     def decode_tokens_per_s(self) -> float | None:
         """None where the prefill was not timed apart (a request measured through an endpoint)."""
-        return decode_tokens_per_s(self.output_tokens, self.total_s, self.prefill_s)
+        return decode_tokens_per_s(self.output_tokens - self.prefill_output_tokens, self.total_s, self.prefill_s)
 
     @property
     def predicted_speedup(self) -> float | None:
@@ -97,7 +98,7 @@ class RequestStats:
         decode_s = self.draft_s + self.score_s + self.accept_s + self.advance_s
         if not self.plain_pass_s or decode_s <= 0:
             return None
-        return self.output_tokens / decode_s * self.plain_pass_s
+        return (self.output_tokens - self.prefill_output_tokens) / decode_s * self.plain_pass_s
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

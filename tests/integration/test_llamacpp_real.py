@@ -108,7 +108,8 @@ def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens():
     assert target.capabilities.block_invariant
     ids = codec.encode(COPY_PROMPT)
     single = target.new_sequence()
-    generated, rows = [int(single.forward(ids, num_logits=1)[-1].argmax())], []
+    first = single.forward(ids, num_logits=1)[-1]
+    generated, rows = [int(first.argmax())], []
     for _ in range(20):
         rows.append(single.forward(generated[-1:])[-1])
         generated.append(int(rows[-1].argmax()))
@@ -122,6 +123,11 @@ def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens():
         seq.release()
         assert torch.equal(block, one_by_one[:width]), width
         assert torch.equal(after[-1], one_by_one[width]), width
+        # the engine's first step: the prompt and the block in one pass, logits for the last token on
+        merged = target.new_sequence()
+        rows_merged = merged.forward(ids + generated[:width], num_logits=width + 1)
+        merged.release()
+        assert torch.equal(rows_merged[0], first) and torch.equal(rows_merged[1:], one_by_one[:width]), width
 
 
 @pytest.mark.parametrize("k", [1, 4, 8, 15])

@@ -4,8 +4,8 @@ sequence ids in one shared context, and forward_batch scores all their blocks in
 SmolLM2's GGUF (Q4_1, whose weights llama.cpp does not repack on these CPUs) goes through the same
 matrix kernels whatever a pass's width; with flash attention in the shared context (each query row
 scored alone) a batched pass then gives each sequence exactly the logits it gets alone, so these tests
-compare bit for bit and greedy text for text. The default shared context (llamacpp.SHARED_FLASH_ATTENTION
-off) is checked to within llama.cpp's rounding.
+compare bit for bit and greedy text for text (the tests pin llamacpp.SHARED_FLASH_ATTENTION on, as it is
+by default). llama.cpp's default attention kernel in the shared context is checked to within its rounding.
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ def batched():
         return load_model("smollm2-135m", llama(3))
 
 
-def test_the_default_shared_context_agrees_to_rounding():
-    """Flash attention off (the default): a sequence batched with others gets its own logits to within
+def test_the_default_attention_kernel_agrees_to_rounding(monkeypatch):
+    """Flash attention off: a sequence batched with others gets its own logits to within
     llama.cpp's rounding, and the same greedy choice at every position."""
+    monkeypatch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", False)
     backend, codec = load_model("smollm2-135m", llama(2))
+    assert not backend.flash_attention
     ids = [codec.encode(p) for p in list(PROMPTS.values())[:2]]
     together = [backend.new_sequence() for _ in ids]
     backend.forward_batch(together, ids, [1, 1])

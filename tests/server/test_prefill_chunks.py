@@ -15,8 +15,9 @@ import time
 import pytest
 from serverkit import fake_pipeline, native_pipeline
 
+from spekula.backends.native import NativeBackend
 from spekula.config import BackendConfig, SamplingParams, StopConfig
-from spekula.engine import Engine, Generation
+from spekula.engine import Engine, Generation, PrefillChunk
 from spekula.errors import ConfigError
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Failed, Finished, Job, Scheduler
@@ -106,7 +107,7 @@ def plain_text(pipe, ids: list[int], max_tokens: int) -> str:
 @pytest.mark.parametrize("kind", PIPELINES)
 def test_a_short_request_finishes_while_a_long_prompt_prefills(kind, recorded):
     """The short request arrives during the long prompt's third chunk. It is prefilled in the next
-    round (fewest tokens left first, inside the same budget), steps every round after, and finishes
+    round (first: it finishes far earlier, inside the same budget), steps every round after, and finishes
     before the long prompt's prefill ends; no round prefills more than the budget."""
     pipe = PIPELINES[kind]()
     log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
@@ -139,6 +140,82 @@ def test_a_short_request_finishes_while_a_long_prompt_prefills(kind, recorded):
 
     assert log.text("short") == plain_text(pipe, short_ids, 5)  # token for token what a whole prefill gives
     assert log.text("long") == plain_text(pipe, long_ids, 8)
+
+
+@pytest.mark.parametrize("kind", PIPELINES)
+def test_a_stream_of_short_prompts_does_not_starve_a_long_one(kind, recorded):
+    """A new short request (a prompt of its own) arrives in every round while a long prompt prefills.
+    With every arrival owed the chunk it may have waited on, and shortest first, the long prompt got
+    no chunk while the arrivals lasted. Now arrivals hold its next chunk back at most once between two
+    chunks, and once the server has prefilled as many tokens since its admission as it has left, it
+    goes first (earliest virtual finish): a full chunk in every round until it is in."""
+    pipe = PIPELINES[kind]()
+    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
+    long_ids = pipe.codec.encode(LONG)
+    shorts = [pipe.codec.encode(f"{chr(65 + i % 26)}{chr(97 + i // 26)} short") for i in range(80)]
+    submitted: list[str] = []
+
+    def arrive(job_id: str, count: int) -> None:
+        if len(submitted) < len(shorts) and (job_id == "long" and count == 1 or job_id.startswith("short")):
+            submitted.append(f"short{len(submitted)}")
+            log.scheduler.submit(log.job(submitted[-1], shorts[len(submitted) - 1], 1))
+
+    log.on_chunk = arrive
+    log.scheduler.submit(log.job("long", long_ids, 2))
+    log.run()
+
+    long_chunks = log.chunks_of("long")
+    assert sum(n for _, n in long_chunks) == len(long_ids) - 1
+    rounds = [r for r, _ in long_chunks]
+    assert rounds[-1] < log.chunks_of(submitted[-1])[0][0]  # in before the stream of short prompts ends
+    assert all(b - a <= 2 for a, b in zip(rounds, rounds[1:]))  # never held back two rounds running
+    tail = long_chunks[-8:]  # first by then: a full chunk in every round (its last may be shorter)
+    assert [r for r, _ in tail] == list(range(tail[0][0], tail[0][0] + 8))
+    assert all(n == CHUNK for _, n in tail[:-1])
+    assert all(isinstance(log.of(job_id)[-1][1], Finished) for job_id in ["long", *submitted])
+    assert log.text("long") == plain_text(pipe, long_ids, 2)
+
+
+def test_a_prompt_s_last_chunk_runs_in_its_first_step_s_pass(recorded, monkeypatch):
+    """No pass of its own for the last chunk: it goes into the request's first step, in the round's
+    batched score pass, in front of the pending token and the draft (Generation.fold)."""
+    pipe = PIPELINES["batched"]()
+    passes: list[tuple[list[int], list[int]]] = []  # the target's: tokens and logits wanted per sequence
+    forward_batch = NativeBackend.forward_batch
+
+    def counted(self, sequences, token_lists, num_logits=None, block_masks=None):
+        if self is pipe.target:
+            passes.append(([len(t) for t in token_lists], list(num_logits)))
+        return forward_batch(self, sequences, token_lists, num_logits, block_masks)
+
+    monkeypatch.setattr(NativeBackend, "forward_batch", counted)
+    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
+    ids = pipe.codec.encode(LONG[:100])  # 99 tokens to prefill: 6 chunks of 16, then 3
+    log.scheduler.submit(log.job("one", ids, 6))
+    log.run()
+
+    assert [n for _, n in log.chunks_of("one")] == [CHUNK] * 6 + [3]
+    assert passes[:6] == [([CHUNK], [1])] * 6  # the unfinishing chunks: passes of their own
+    (rows,), (wanted,) = passes[6]
+    assert rows == 3 + wanted and 1 <= wanted <= 4  # the last chunk, the pending token, the draft
+    finished = log.of("one")[-1][1]
+    assert isinstance(finished, Finished) and len(passes) == 6 + finished.stats.target_passes
+    assert finished.stats.prefill_output_tokens >= 1 and finished.stats.prefill_s > 0
+    assert log.text("one") == plain_text(pipe, ids, 6)
+
+
+def test_fold_takes_only_the_prompt_s_last_chunk():
+    pipe = PIPELINES["batched"]()
+    ids = pipe.codec.encode(LONG[:40])
+    stop = StopConfig(max_tokens=5, ignore_eos=True)
+    gen = Engine(pipe.target).generate(ids, SamplingParams(), stop)
+    with pytest.raises(ValueError, match=f"last chunk: {len(ids) - 1} tokens, not 8"):
+        gen.fold(gen.prefill_chunk(8))  # not run: the prompt is where it was
+    gen.fold(gen.prefill_chunk())
+    assert gen.ready and not gen.prefill_done and gen.target_sequence.length == 0
+    assert gen.run().token_ids == Engine(pipe.target).generate(ids, SamplingParams(), stop).run().token_ids
+    with pytest.raises(RuntimeError, match="before its first step"):
+        gen.fold(PrefillChunk(gen.target_sequence, []))  # the prompt is in already
 
 
 @pytest.mark.parametrize("kind", PIPELINES)

@@ -9,7 +9,7 @@ from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError
 from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory, build_proposer
-from spekula.testing import FunctionBackend, random_table_backend
+from spekula.testing import FunctionBackend, FunctionSequence, random_table_backend
 from spekula.trace import ListTrace
 
 VOCAB = 40
@@ -57,6 +57,39 @@ def test_plain_decoding_counts():
     g = run(Engine(target()), PROMPTS[0], max_tokens=12)
     s = g.stats
     assert (s.output_tokens, s.target_passes, s.drafted, s.tau, s.alpha) == (12, 12, 0, 1.0, None)
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_the_prompt_is_prefilled_in_the_first_step_s_pass(k, monkeypatch):
+    """No pass of its own for the prompt: the first step's pass carries what is left of it in front
+    of the pending token and the draft (as llama.cpp's own loop takes its first token from the
+    prompt's pass), so n steps cost n passes. That pass and its tokens count as the prefill's."""
+    calls = []
+    forward = FunctionSequence.forward
+    t = target()
+
+    def counted(self, token_ids, num_logits=None):
+        if self.backend is t:  # the target's passes, not the draft model's
+            calls.append((len(token_ids), num_logits))
+        return forward(self, token_ids, num_logits)
+
+    monkeypatch.setattr(FunctionSequence, "forward", counted)
+    engine = Engine(t, proposers()["same-model"], SpecConfig(k=k)) if k else Engine(t)
+    prompt = PROMPTS[0]
+    g = run(engine, prompt, max_tokens=12)
+    s = g.stats
+    assert len(calls) == s.target_passes
+    assert calls[0] == (len(prompt) - 1 + 1 + k, 1 + k)  # the prompt but its last token, then the step's block
+    assert s.prefill_s > 0 and s.ttft_s is not None and s.prefill_s <= s.total_s
+    first = 1 + k  # the draft model is the target: every drafted token is accepted
+    assert s.prefill_output_tokens == first
+    assert s.decode_tokens_per_s == pytest.approx((s.output_tokens - first) / (s.total_s - s.prefill_s))
+    assert g.token_ids == run(Engine(target()), prompt, max_tokens=12).token_ids
+
+
+def test_a_one_token_prompt_has_nothing_to_prefill():
+    g = run(Engine(target()), PROMPTS[1], max_tokens=5)
+    assert g.stats.prefill_output_tokens == 0 and g.stats.output_tokens == g.stats.target_passes == 5
 
 
 @pytest.mark.parametrize("name", ["same-model", "random-model", "ngram", "suffix"])

@@ -43,17 +43,16 @@ from spekula.limits import check_forward
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 EXACT_WIDTHS = (17, 7, 3)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
-LONGEST_BLOCK = 65  # a verified block is at most k + 1 tokens (k <= 64); anything longer is a prompt
 # Attention in the shared context. llama.cpp's flash-attention kernel scores each query row alone over
-# its own sequence's cells, so a sequence's attention does not depend on which other sequences share its
-# pass (bit for bit); the default kernel multiplies the pass's queries by the whole cell pool as
-# matrices, so its results move with the batch (up to ~0.3 of a logit on SmolLM2) and its cost grows
-# with every running sequence's cells. `scripts/batch_costs.py` (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads,
-# 16 sequences of 300 tokens in the context) times one token of one sequence at 82 ms without flash
-# attention and 53 ms with it, 4 x 1 at 183 against 136, 16 x 1 at 541 against 421; with only one
-# sequence in the context (an idle server) flash attention costs more (64 against 51 ms, measured with
-# llama-cpp-python directly). Off for now: docs/BENCHMARKS.md's server runs were measured so.
-SHARED_FLASH_ATTENTION = False
+# its own sequence's cells (it skips the cells its mask hides), so a sequence's attention does not depend
+# on which other sequences share its pass (bit for bit), and its cost does not grow with theirs; the
+# default kernel multiplies the pass's queries by the whole cell pool as matrices, so its results move
+# with the batch (up to ~0.3 of a logit on SmolLM2) and every running sequence's cells cost every pass.
+# `scripts/batch_costs.py` (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, 300 tokens per sequence), flash
+# against default: with 16 sequences in the context 1 x 1 53 against 82 ms, 4 x 1 136 against 183,
+# 16 x 1 421 against 541; with 4, 1 x 1 69 against 64 (the one shape where it is dearer), 1 x 4 128
+# against 149, 1 x 8 323 against 342, 1 x 16 399 against 439. On: dearer only for a lone one-token pass.
+SHARED_FLASH_ATTENTION = True
 
 
 class LlamaCppBackend(Backend):
@@ -213,22 +212,24 @@ class LlamaCppBackend(Backend):
 
     def _decode(self, context: "_Context", blocks: list["_Block"]) -> list[torch.Tensor]:
         """Append every block to its sequence's cache in `context`, in llama_decode calls of at most
-        `width` tokens; the logits each block asked for, in its order."""
-        # A prompt is scored by one call in plain and in speculative decoding alike, so only a lone
-        # verified block needs exact mode's width.
-        width = N_BATCH
-        if len(blocks) == 1 and len(blocks[0].ids) <= LONGEST_BLOCK:
-            width = self.exact_width
+        N_BATCH tokens; the logits each block asked for, in its order. In exact mode a lone block's
+        rows that want logits (the pending token and the draft) go in calls of the exact width, after
+        one call for the rows before them (the prompt's last tokens, which plain and speculative
+        decoding prefill alike)."""
         rows = [
             (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
             for b, block in enumerate(blocks)
             for i, token in enumerate(block.ids)
         ]
+        calls = [rows[start : start + N_BATCH] for start in range(0, len(rows), N_BATCH)]
+        if len(blocks) == 1 and self.exact_width < N_BATCH:
+            head = len(rows) - blocks[0].wanted
+            calls = [rows[start : min(start + N_BATCH, head)] for start in range(0, head, N_BATCH)]
+            calls += [rows[start : start + self.exact_width] for start in range(head, len(rows), self.exact_width)]
         out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
         filled = [0] * len(blocks)
         ctx, batch, vocab = context.ctx, context.batch, self.vocab_size
-        for start in range(0, len(rows), width):
-            chunk = rows[start : start + width]
+        for chunk in calls:
             raw = batch.batch  # filled as llama-cpp-python's set_batch does, choosing which rows get logits
             raw.n_tokens = len(chunk)
             for i, (token, position, seq_id, wants_logits, _) in enumerate(chunk):

@@ -11,13 +11,14 @@
   otherwise (transformers, llama.cpp in exact mode) the blocks are scored one after another. A lone
   request is a batch of one.
 - Prompts are prefilled in chunks: each round spends at most `prefill_chunk` prompt tokens (shared by
-  every request still prefilling, fewest tokens left first, so a short prompt is not held behind a
-  long one) before the decode steps, so running requests keep decoding while a long prompt prefills,
-  and a request whose client left mid-prefill is dropped before its next chunk. A request whose last
-  chunk ran takes its first step in the same round. While requests decode, chunks that leave a
-  prompt unfinished get at most half the worker's time (Scheduler._prefill). prefill_chunk = 0:
-  every prompt whole, in the round it was admitted. Batched, the round's chunks run in one forward
-  (at most PREFILL_BATCH_TOKENS tokens each).
+  every request still prefilling, earliest virtual finish first: see Scheduler._prefill) before the
+  decode steps, so running requests keep decoding while a long prompt prefills, and a request whose
+  client left mid-prefill is dropped before its next chunk. A prompt's last chunk (up to
+  PREFILL_BATCH_TOKENS tokens) is not a pass of its own: it goes into the request's first step, in
+  the round's score pass (Generation.fold), as llama.cpp's server puts prompt and decode rows in one
+  batch. While requests decode, chunks that leave a prompt unfinished get at most half the worker's
+  time (Scheduler._prefill). prefill_chunk = 0: every prompt whole, in the round it was admitted.
+  Batched, the round's other chunks run in one forward (at most PREFILL_BATCH_TOKENS tokens each).
 - A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
   in that round: its last text and its end go out, its caches and slot are freed, before the next
   round starts.
@@ -102,6 +103,7 @@ class Job:
     run: TextGeneration | None = None
     meter: StepMeter | None = None
     started: float | None = None
+    prefill_stamp: int = 0  # the scheduler's prefill clock (prompt tokens prefilled) when it was admitted
 
     @property
     def deadline(self) -> float:
@@ -135,6 +137,8 @@ class Scheduler:
         self.rounds = 0  # rounds run so far (tests and tools read it from the sinks)
         self._owed_s = 0.0  # decode time owed to the requests decoding before the next unfinishing chunk
         self._chunk_s = 0.0  # what the last unfinishing chunk took
+        self._rearmed = False  # new requests were owed a chunk since the last unfinishing one ran
+        self._prefilled = 0  # prompt tokens prefilled so far: the clock prefill order is kept by (_prefill)
         self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
         self.batching = pipeline.target.capabilities.batching and max_running > 1
         engine = pipeline.engine
@@ -253,6 +257,7 @@ class Scheduler:
         job.run = TextGeneration(generation, self.pipeline.codec, job.stop)
         job.meter = StepMeter(self.metrics, generation.stats)
         job.started = now
+        job.prefill_stamp = self._prefilled
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
         self.metrics.queue_time.observe(now - job.arrived)
         with self._cv:
@@ -263,7 +268,7 @@ class Scheduler:
         plan (draft), score, complete (accept, resample, advance); whoever finished is finished before
         the round ends."""
         self.rounds += 1
-        self._prefill([job for job in self._running if not job.run.generation.prefill_done])
+        self._prefill([job for job in self._running if not job.run.generation.ready])
         started = time.perf_counter()
         planned = self._plan(self._choose_batch_ks())
         for job, step, logits, score_s in self._score(planned):
@@ -288,7 +293,7 @@ class Scheduler:
         ks: each request's k for the round (None: each request's controller chooses)."""
         planned: list[tuple[Job, PlannedStep]] = []
         for job in list(self._running):
-            if not job.run.generation.prefill_done or not self._live(job):
+            if not job.run.generation.ready or not self._live(job):
                 continue
             try:
                 step = job.run.generation.plan(None if ks is None else ks.get(job, 0))
@@ -325,7 +330,7 @@ class Scheduler:
         start = time.perf_counter()
         try:
             logits = self.pipeline.target.forward_batch(
-                [s.sequence for _, s in planned], [s.tokens for _, s in planned], [len(s.tokens) for _, s in planned]
+                [s.sequence for _, s in planned], [s.tokens for _, s in planned], [s.num_logits for _, s in planned]
             )
         except Exception:  # the batch's caches are in an unknown state: end its requests, keep serving
             log.exception("a batched forward of %d requests failed", len(planned))
@@ -336,24 +341,37 @@ class Scheduler:
         if len(planned) > 1:  # a pass over one sequence is that request's own to observe (PlannedStep.alone)
             for _, step in planned:
                 step.alone = False
-            if self._batch_k:
+            if self._batch_k and not any(s.prompt for _, s in planned):  # a pass that prefilled is no step's cost
                 self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
         return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits)]
 
     def _prefill(self, prefilling: list[Job]) -> None:
         """Spend the round's prefill budget (prefill_chunk tokens; 0: unbounded) on the requests still
-        prefilling, fewest tokens left first (ties: in admission order). Every one of them is checked
-        for a departed client or a passed deadline first, whether or not it gets a chunk this round.
+        prefilling. Every one of them is checked for a departed client or a passed deadline first,
+        whether or not it gets a chunk this round.
+
+        Order: earliest virtual finish first, on a clock that counts the prompt tokens the server has
+        prefilled: a request's key is the clock when it was admitted plus the tokens it has left. A short
+        prompt goes before a long one that arrived about as early (shortest first, so it is not held
+        behind it), but a request that arrives once the server has prefilled as many tokens as a waiting
+        prompt has left goes after it, so a long prompt is never starved by a stream of short ones
+        (shortest-first alone held one for a minute behind four clients' short prompts). Ties: in
+        admission order.
 
         A prompt that fits in what is left of the budget is prefilled at once. A chunk that leaves its
         prompt unfinished takes at most half the worker's time while requests decode: after one, the
-        requests decoding step for as long as it took before the next (_owed_s), and a request that
-        starts decoding is owed as much (it may have waited on that chunk), so a short request beside a
-        long prefill takes about its own time twice plus one chunk."""
+        requests decoding step for as long as it took before the next (_owed_s), and requests that
+        start decoding are owed as much (they may have waited on that chunk), so a short request beside
+        a long prefill takes about its own time twice plus one chunk. New requests re-arm that debt at
+        most once between two chunks: owing every arrival starved a long prompt whenever requests kept
+        arriving, so a long prompt gets at least a third of the worker's time."""
         decoding = any(job.run.generation.prefill_done for job in self._running)
         if not decoding:
             self._owed_s = 0.0  # nobody is waiting on the prefill
-        live = sorted((job for job in prefilling if self._live(job)), key=lambda job: job.run.generation.prefill_left)
+        live = sorted(
+            (job for job in prefilling if self._live(job)),
+            key=lambda job: job.prefill_stamp + job.run.generation.prefill_left,
+        )
         budget = self.prefill_chunk or None
         chunks: list[tuple[Job, PrefillChunk]] = []
         unfinishing = False
@@ -361,10 +379,11 @@ class Scheduler:
             generation = job.run.generation
             left = generation.prefill_left
             if budget is not None and left > budget:  # this chunk leaves the prompt unfinished
-                if chunks:  # requests that start decoding now: owed the chunk they may have waited on
-                    self._owed_s = max(self._owed_s, self._chunk_s)
+                if chunks and not self._rearmed:  # requests that start decoding now: owed the chunk they may
+                    self._owed_s = max(self._owed_s, self._chunk_s)  # have waited on, once between two chunks
+                    self._rearmed = True
                 if budget == 0 or ((decoding or chunks) and self._owed_s > 0):
-                    break  # the rest wait for a later round
+                    continue  # waits for a later round; a prompt behind it that fits the budget need not
                 unfinishing = True
             try:
                 chunk = generation.prefill_chunk(budget or None)  # budget 0 here: nothing left to prefill
@@ -374,12 +393,16 @@ class Scheduler:
                 continue
             if budget is not None:
                 budget -= len(chunk.tokens)
+            self._prefilled += len(chunk.tokens)
+            if len(chunk.tokens) == generation.prefill_left and len(chunk.tokens) <= PREFILL_BATCH_TOKENS:
+                generation.fold(chunk)  # the prompt's last chunk: the first step's pass runs it
             chunks.append((job, chunk))
         started = time.perf_counter()
+        to_run = [(job, chunk) for job, chunk in chunks if not job.run.generation.ready]
         if self.batching:
-            self._prefill_together(chunks)
+            self._prefill_together(to_run)
         else:
-            for job, chunk in chunks:
+            for job, chunk in to_run:
                 try:
                     chunk.run()
                 except Exception:
@@ -390,6 +413,7 @@ class Scheduler:
         if unfinishing:
             self._chunk_s = time.perf_counter() - started
             self._owed_s = self._chunk_s if decoding or len(chunks) > 1 else 0.0
+            self._rearmed = False
 
     def _prefill_together(self, chunks: list[tuple[Job, PrefillChunk]]) -> None:
         """Run the round's chunks in batched forwards of up to PREFILL_BATCH_TOKENS tokens (one at a
@@ -418,7 +442,7 @@ class Scheduler:
         """Each decoding request's k for the round, chosen together by the cost model for a batch of
         two or more (None: each request's own controller, as for a batch of one, a backend that does
         not batch, or a fixed --k)."""
-        decoding = [job for job in self._running if job.run.generation.prefill_done]
+        decoding = [job for job in self._running if job.run.generation.ready]
         if not self._batch_k or len(decoding) < 2:
             return None
         ks, speedup = self.pipeline.engine.costs.best_ks([self._outlook(job) for job in decoding])
