@@ -221,11 +221,9 @@ class LlamaCppBackend(Backend):
             for b, block in enumerate(blocks)
             for i, token in enumerate(block.ids)
         ]
-        calls = [rows[start : start + N_BATCH] for start in range(0, len(rows), N_BATCH)]
-        if len(blocks) == 1 and self.exact_width < N_BATCH:
-            head = len(rows) - blocks[0].wanted
-            calls = [rows[start : min(start + N_BATCH, head)] for start in range(0, head, N_BATCH)]
-            calls += [rows[start : start + self.exact_width] for start in range(head, len(rows), self.exact_width)]
+        exact_tail = len(blocks) == 1 and self.exact_width < N_BATCH
+        head = len(rows) - blocks[0].wanted if exact_tail else len(rows)
+        calls = _pieces(rows[:head], N_BATCH) + _pieces(rows[head:], self.exact_width)
         out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
         filled = [0] * len(blocks)
         ctx, batch, vocab = context.ctx, context.batch, self.vocab_size
@@ -246,6 +244,11 @@ class LlamaCppBackend(Backend):
                     out[b][filled[b]] = row
                     filled[b] += 1
         return [torch.from_numpy(logits) for logits in out]
+
+
+def _pieces(rows: list, width: int) -> list[list]:
+    """rows in consecutive calls of at most `width`."""
+    return [rows[start : start + width] for start in range(0, len(rows), width)]
 
 
 @dataclass
