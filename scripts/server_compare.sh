@@ -12,19 +12,25 @@
 # (interruption off: by default that server cuts a running stream short whenever another request arrives).
 # It waits for both to answer, warms each with one short request, then at each concurrency of $CONCURRENCIES runs
 #   spekula bench --endpoint <spekula serve> --baseline-endpoint <llama_cpp.server>
-#                 --baseline-extra-body '{"repeat_penalty": 1.0}' --concurrency C
+#                 --baseline-extra-body '{"repeat_penalty": 1.0}' --concurrency C --repeats $REPEATS --salt
 # over the built-in suite ($PER_CATEGORY prompts of each category, at most $MAX_TOKENS tokens each, greedy; a
 # concurrency above the number of prompts cycles them so that C requests are in flight). The repeat penalty of 1.0
 # makes llama_cpp.server's temperature 0 plain greedy decoding (its default is 1.1), so the texts can be compared.
+# The servers take turns, one at a time, $REPEATS phases each, in alternating order (llama_cpp.server first,
+# then spekula serve first, ...): the machine's speed drifts by tens of percent within minutes, and a
+# single phase each would hand that drift to whichever server ran in the faster minutes. --salt begins every
+# phase's prompts with a line of their own, so neither server answers a prompt from its cache of an earlier
+# phase or concurrency (spekula serve keeps many finished requests' caches, llama_cpp.server its last one).
 # Both servers are stopped on exit, whatever happens.
 #
 # Writes under OUT_DIR: c<C>/ (each bench run: results.json, summary.md, report.html, plots), warmup/,
 # spekula-serve.log, llama-server.log, commands.txt (every command run), table.md (one row per server and
 # concurrency: throughput, TTFT p50/p99, latency p50/p99, greedy identity, errors) and table.json.
-# The defaults are sized for about 15 minutes on 2 cores with the 1.5B model; run it on a quiet machine.
+# The defaults are sized for about 30 minutes on 2 cores with the 1.5B model; run it on a quiet machine.
 #
 # Environment (defaults in brackets):
 #   CONCURRENCIES [1 4 16]  PER_CATEGORY [2]  CATEGORIES [all, or e.g. code-editing,open-chat]  MAX_TOKENS [48]
+#   REPEATS [2] phases per server at each concurrency
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
@@ -57,6 +63,7 @@ DRAFT=${DRAFT:-}
 SERVE_ARGS=${SERVE_ARGS:-}
 N_CTX=${N_CTX:-}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-600}
+REPEATS=${REPEATS:-2}
 SPEKULA_PORT=${SPEKULA_PORT:-8411}
 LLAMA_PORT=${LLAMA_PORT:-8412}
 START_TIMEOUT=${START_TIMEOUT:-600}
@@ -166,9 +173,9 @@ print(len(select(load_workload('builtin'), categories_wanted=wanted, per_categor
 
 for c in $CONCURRENCIES; do
     requests=$((c > PROMPTS ? c : PROMPTS))
-    log "concurrency $c: $requests requests per server ($PROMPTS prompts, max_tokens $MAX_TOKENS)"
+    log "concurrency $c: $REPEATS x $requests requests per server ($PROMPTS prompts, max_tokens $MAX_TOKENS)"
     run "$PYTHON" -m spekula bench "${common[@]}" "${workload[@]}" --max-tokens "$MAX_TOKENS" \
-        --concurrency "$c" --requests "$requests" --out "$OUT/c$c" >"$OUT/c$c.txt"
+        --concurrency "$c" --requests "$requests" --repeats "$REPEATS" --salt --out "$OUT/c$c" >"$OUT/c$c.txt"
 done
 
 "$PYTHON" - "$OUT" $CONCURRENCIES <<'EOF'

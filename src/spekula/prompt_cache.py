@@ -1,16 +1,20 @@
-"""Prompt caching: the last finished request's KV cache, kept for the next request that starts the same way.
+"""Prompt caching: finished requests' KV caches, kept for the next request that starts the same way.
 
 A chat's next turn, an agent's next call or an edit session's second request re-sends everything said
 so far, and a request that shares a system prompt with the last one starts with the same tokens. Their
 prefill is most of what such a request costs on a CPU (docs/BENCHMARKS.md), and llama.cpp's server
-(`cache_prompt`) and vLLM (automatic prefix caching) skip the part they have seen. One engine keeps
-one finished sequence: a new request takes it when it shares at least `min_tokens` leading tokens with
-the new prompt, cut back to what they share, and prefills only the rest; otherwise the kept sequence
-is freed and the request opens a fresh one.
+(`cache_prompt`) and vLLM (automatic prefix caching) skip the part they have seen. An engine keeps up
+to `max_kept` finished sequences, the most recently finished last: a new request takes the one that
+shares the most leading tokens with its prompt (at least `min_tokens`), cut back to what they share,
+and prefills only the rest; otherwise it opens a fresh one. One is enough for one client; a server
+with several clients keeps more (llama.cpp's shared context: as many as it has sequence ids to spare),
+or the second turn of one conversation finds its first turn's cache gone, replaced by whichever
+other request finished in between. Where the runtime's sequences come from a bounded pool
+(Backend.spare_sequences), the oldest kept ones are freed when a new request needs the room.
 
 Where the runtime can share KV cells between sequences (llama.cpp's shared context, with the server's
 continuous batching: Backend.share_prefix) a request still prefilling also borrows from the requests
-running beside it: before each chunk, the longest prefix of its prompt that another live (or the kept)
+running beside it: before each chunk, the longest prefix of its prompt that another live (or a kept)
 sequence holds is shared into its cache instead of being computed, so an edit session's second turn
 sent while the first still runs, or many requests with one system prompt, prefill it once.
 
@@ -30,39 +34,55 @@ from spekula.backends.base import Backend, Sequence
 
 
 def shared_prefix(a: Seq[int], b: Seq[int]) -> int:
-    """How many leading tokens a and b have in common."""
+    """How many leading tokens a and b have in common (compared a block at a time: a server asks this
+    of every pair of prompts it is prefilling, thousands of tokens each, at every round)."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    i = 0
+    while i < n and a[i : i + 64] == b[i : i + 64]:
+        i += 64
+    while i < n and a[i] == b[i]:  # the first difference (or the shorter one's end) is in this block
+        i += 1
+    return min(i, n)
 
 
 class PromptCache:
-    """One kept sequence per engine (enabled False: every request opens a fresh one)."""
+    """Up to max_kept finished sequences per engine (enabled False: every request opens a fresh one)."""
 
-    def __init__(self, backend: Backend, enabled: bool = True, min_tokens: int = 1) -> None:
+    def __init__(self, backend: Backend, enabled: bool = True, min_tokens: int = 1, max_kept: int = 1) -> None:
+        if max_kept < 1:
+            raise ValueError(f"max_kept must be >= 1, got {max_kept}")
         self.backend = backend
         self.enabled = enabled
         self.min_tokens = min_tokens
-        self._kept: Sequence | None = None
+        self.max_kept = max_kept
+        self._kept: list[Sequence] = []  # finished requests' sequences, the most recently finished last
         self._live: list[Sequence] = []  # sequences open() handed out whose requests still run
         self.hits = 0  # requests that started from the kept sequence
         self.reused_tokens = 0  # prompt tokens they did not prefill (kept or borrowed)
 
     def open(self, prefix: Seq[int]) -> Sequence:
-        """A sequence for a request whose prompt, all but its last token, is `prefix`: the kept one cut back
-        to the tokens it shares with prefix (its `length` says how many are already there), or a fresh one."""
-        kept, self._kept = self._kept, None
-        if kept is not None:
-            shared = shared_prefix(kept.tokens, prefix)
-            if shared >= self.min_tokens:
-                kept.truncate(shared)
-                self.hits += 1
-                self.reused_tokens += shared
-                self._live.append(kept)
-                return kept
-            kept.release()
+        """A sequence for a request whose prompt, all but its last token, is `prefix`: the kept one that
+        shares most with prefix, cut back to what they share (its `length` says how many tokens are
+        already there), or a fresh one."""
+        shares = [shared_prefix(kept.tokens, prefix) for kept in self._kept]
+        best = max(reversed(range(len(shares))), key=shares.__getitem__, default=None)  # ties: the latest
+        # Where the runtime shares cells between sequences, a fresh sequence borrows the shared part
+        # (borrow(), before the first chunk) and the kept one stays whole for a request that shares more
+        # (a short prompt that shares only the system prompt would otherwise cut a long conversation's
+        # cache back to it); the kept one is taken only when the pool has no sequence to spare.
+        borrows = self.backend.capabilities.shares_prefix and self.backend.spare_sequences() != 0
+        useful = best is not None and shares[best] >= self.min_tokens
+        if useful and not borrows:
+            kept = self._kept.pop(best)
+            kept.truncate(shares[best])
+            self.hits += 1
+            self.reused_tokens += shares[best]
+            self._live.append(kept)
+            return kept
+        # the oldest kept ones make room: in the runtime's pool, and (nothing kept is of use to this
+        # request) in memory, as one kept sequence is freed when an unrelated prompt arrives
+        while self._kept and (self.backend.spare_sequences() == 0 or (not useful and len(self._kept) >= self.max_kept)):
+            self._kept.pop(0).release()
         sequence = self.backend.new_sequence()
         self._live.append(sequence)
         return sequence
@@ -73,7 +93,7 @@ class PromptCache:
         (Backend.share_prefix). Returns the tokens it gained (0: nothing to borrow)."""
         if not self.enabled or len(prefix) <= sequence.length:
             return 0
-        sources = [s for s in [*self._live, self._kept] if s is not None and s is not sequence]
+        sources = [s for s in [*self._live, *self._kept] if s is not sequence]
         best = max(sources, key=lambda s: shared_prefix(s.tokens, prefix), default=None)
         return 0 if best is None else self._borrow_from(best, sequence, prefix)
 
@@ -86,19 +106,20 @@ class PromptCache:
         return shared - held
 
     def close(self, sequence: Sequence, reusable: bool) -> None:
-        """A request is over: keep its sequence for the next one (releasing the one kept before), or free it.
-        reusable False (the request failed: its cache may hold a pass that did not complete) frees it."""
+        """A request is over: keep its sequence for the next ones (freeing the oldest kept past max_kept),
+        or free it. reusable False (the request failed: its cache may hold a pass that did not complete)
+        frees it."""
         if sequence in self._live:
             self._live.remove(sequence)
         if not (self.enabled and reusable and sequence.length):
             sequence.release()
             return
-        if self._kept is not None and self._kept is not sequence:
-            self._kept.release()
-        self._kept = sequence
+        if sequence not in self._kept:
+            self._kept.append(sequence)
+        while len(self._kept) > self.max_kept:
+            self._kept.pop(0).release()
 
     def clear(self) -> None:
-        """Free the kept sequence's memory."""
-        if self._kept is not None:
-            self._kept.release()
-            self._kept = None
+        """Free the kept sequences' memory."""
+        while self._kept:
+            self._kept.pop().release()

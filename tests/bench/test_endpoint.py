@@ -93,6 +93,53 @@ def test_bench_two_endpoints_side_by_side(servers, unseen_workload, tmp_path, ca
     assert "data:image/png;base64," in open(line["report"]).read()
 
 
+def test_repeats_alternate_which_endpoint_goes_first(servers, unseen_workload, tmp_path, capsys, monkeypatch):
+    """--repeats: phase after phase, one endpoint at a time, the order flipping each phase (a drift in
+    the machine's speed favours neither); each request is compared within its phase."""
+    from spekula.bench import commands
+
+    phases: list[tuple[str, int]] = []
+    real = commands.run_endpoint
+
+    def spied(endpoint, items, *args, first_repeat=0, **kwargs):
+        phases.append((endpoint.name, first_repeat))
+        return real(endpoint, items, *args, first_repeat=first_repeat, **kwargs)
+
+    monkeypatch.setattr(commands, "run_endpoint", spied)
+    args = ["bench", "--endpoint", servers["spec"], "--baseline-endpoint", servers["plain"]]
+    args += ["--workload", str(unseen_workload), "--requests", "6", "--max-tokens", "6", "--repeats", "3"]
+    assert main(args + ["--concurrency", "2", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    line, _ = last_json(capsys)
+
+    order = ["baseline", "endpoint", "endpoint", "baseline", "baseline", "endpoint"]
+    assert phases == [(name, 2 * (i // 2)) for i, name in enumerate(order)]  # 6 requests: 2 passes over 4 prompts
+    reqs = json.loads(open(line["results"]).read())["requests"]
+    assert len(reqs) == 36 and line["configs"]["endpoint"]["compared"] == 18
+    for name in ("baseline", "endpoint"):
+        mine = [r for r in reqs if r["config"] == name]
+        assert sorted({r["repeat"] for r in mine}) == list(range(6))
+        assert len({(r["prompt_id"], r["repeat"]) for r in mine}) == 18  # no request counted twice
+    assert line["configs"]["endpoint"]["identical"] == 18
+
+    phases.clear()
+    seen: list[str] = []
+    monkeypatch.setattr(
+        commands,
+        "run_endpoint",
+        lambda ep, items, *a, **k: seen.append(json.dumps(items[0].chat_messages())) or spied(ep, items, *a, **k),
+    )
+    assert main(args[:-2] + ["--repeats", "2", "--salt", "--out", str(tmp_path / "salted"), "--no-progress"]) == 0
+    line, _ = last_json(capsys)
+    assert len(seen) == 4 and seen[0] == seen[1] != seen[2] == seen[3]  # both endpoints, each phase its own
+    assert "phase 1]" in seen[0] and "phase 2]" in seen[2]
+    assert line["configs"]["endpoint"]["identical"] == line["configs"]["endpoint"]["compared"] > 0
+    assert main(["bench", "--workload", str(unseen_workload), "--salt"]) == 2  # in-process: refused
+    with pytest.raises(ConfigError, match="--repeats must be >= 1"):
+        commands.bench_endpoints(
+            Endpoint("e", servers["plain"]), None, [], Load(), workload_name="w", out_dir=tmp_path, repeats=0
+        )
+
+
 def test_time_limit_and_failures_are_bounded(servers, unseen_workload):
     items = load_workload(unseen_workload)
     results, wall, model = run_endpoint(

@@ -204,6 +204,38 @@ def test_a_prompt_s_last_chunk_runs_in_its_first_step_s_pass(recorded, monkeypat
     assert log.text("one") == plain_text(pipe, ids, 6)
 
 
+def test_a_chunk_rides_in_the_pass_of_the_requests_decoding(recorded, monkeypatch):
+    """Batched, a chunk that leaves its prompt unfinished is not a pass of its own when requests are
+    decoding: its rows go into the round's score pass beside their steps (one forward, the chunk
+    wanting no logits), and both outputs are still those of plain decoding."""
+    pipe = PIPELINES["batched"]()
+    passes: list[list[tuple[int, int]]] = []  # the target's: (rows, logits wanted) per sequence
+    forward_batch = NativeBackend.forward_batch
+
+    def counted(self, sequences, token_lists, num_logits=None, block_masks=None):
+        if self is pipe.target:
+            passes.append([(len(t), n) for t, n in zip(token_lists, num_logits)])
+        return forward_batch(self, sequences, token_lists, num_logits, block_masks)
+
+    monkeypatch.setattr(NativeBackend, "forward_batch", counted)
+    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
+    short_ids, long_ids = pipe.codec.encode("hi there"), pipe.codec.encode(LONG[:120])
+    log.scheduler.submit(log.job("short", short_ids, 24))
+    log.scheduler.submit(log.job("long", long_ids, 4))
+    log.run()
+
+    long_chunks = [n for _, n in log.chunks_of("long")]
+    assert sum(long_chunks) == len(long_ids) - 1 and len(long_chunks) > 2
+    shared = [p for p in passes if len(p) == 2 and (CHUNK, 1) in p]  # a full chunk beside a step
+    assert shared, passes
+    for pass_ in shared:
+        ((step_rows, wanted),) = [block for block in pass_ if block != (CHUNK, 1)]
+        assert step_rows == wanted and 1 <= wanted <= 4  # the short request's step: its pending token and draft
+    assert not any(p == [(CHUNK, 1)] for p in passes[:3])  # nothing waited alone while the short one decoded
+    assert log.text("short") == plain_text(pipe, short_ids, 24)
+    assert log.text("long") == plain_text(pipe, long_ids, 4)
+
+
 def test_fold_takes_only_the_prompt_s_last_chunk():
     pipe = PIPELINES["batched"]()
     ids = pipe.codec.encode(LONG[:40])

@@ -3,17 +3,23 @@ output is what a fresh prefill gives."""
 
 import pytest
 
+from spekula.backends.base import Capabilities
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.proposers import build_proposer
 from spekula.prompt_cache import PromptCache, shared_prefix
-from spekula.testing import random_table_backend
+from spekula.testing import FunctionBackend, random_table_backend
 
 
 def test_shared_prefix():
     assert shared_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert shared_prefix([1, 2], [1, 2, 3]) == 2
     assert shared_prefix([], [1]) == 0
+    long = list(range(300))
+    for cut in (0, 1, 63, 64, 65, 128, 200, 299):  # the first difference at, before and after a block's edge
+        assert shared_prefix(long, long[:cut] + [-1] + long[cut + 1 :]) == cut
+        assert shared_prefix(long, long[:cut]) == cut == shared_prefix(long[:cut], long)
+    assert shared_prefix(long, list(long)) == 300
     assert shared_prefix([5], [1]) == 0
 
 
@@ -54,6 +60,83 @@ def test_min_tokens_decides_what_is_worth_keeping():
     cache.close(seq, reusable=True)
     assert cache.open([1, 2, 9]).length == 0  # 2 shared tokens: below min_tokens
     assert seq.length == 0
+
+
+def test_several_kept_sequences_the_one_sharing_most_is_taken_and_the_oldest_goes_first():
+    backend = random_table_backend(32, seed=0)
+    cache = PromptCache(backend, max_kept=2)
+    runs = {}
+    for name, tokens in {"a": [1, 2, 3, 4], "b": [1, 2, 7, 7, 7], "c": [1, 2, 3, 9]}.items():
+        runs[name] = cache.open([])
+        runs[name].forward(tokens)
+        cache.close(runs[name], reusable=True)  # a, then b, then c: a goes (max_kept 2)
+    assert runs["a"].length == 0 and runs["b"].length == 5 and runs["c"].length == 4
+    taken = cache.open([1, 2, 7, 7, 1])  # b shares 4, c 2
+    assert taken is runs["b"] and taken.tokens == [1, 2, 7, 7] and runs["c"].length == 4
+    cache.close(taken, reusable=True)
+    assert cache.open([1, 2, 5]) is runs["b"]  # b and c share 2: the latest finished is taken
+    cache.close(runs["b"], reusable=True)  # kept: c, b
+    assert cache.open([6]) not in runs.values() and runs["c"].length == 0  # nothing of use: the oldest freed
+    assert runs["b"].tokens == [1, 2]
+    with pytest.raises(ValueError, match="max_kept"):
+        PromptCache(backend, max_kept=0)
+
+
+class PooledBackend(FunctionBackend):
+    """A runtime whose sequences share cells and come from a pool of `size` (llama.cpp's shared context)."""
+
+    capabilities = Capabilities(batching=True, shares_prefix=True)
+
+    def __init__(self, size: int) -> None:
+        table = random_table_backend(32, seed=0)
+        super().__init__(table.logits_fn, table.vocab_size)
+        self.size = size
+        self.open_sequences: list = []
+
+    def new_sequence(self):
+        assert self.spare_sequences() > 0, "the pool is full"
+        sequence = super().new_sequence()
+        sequence.released = False
+        sequence.release = lambda: (sequence.truncate(0), setattr(sequence, "released", True))
+        self.open_sequences.append(sequence)
+        return sequence
+
+    def spare_sequences(self) -> int:
+        return self.size - sum(not s.released for s in self.open_sequences)
+
+    def share_prefix(self, source, target, length) -> bool:
+        target.tokens.extend(source.tokens[target.length : length])  # the function 'model' has no cells to copy
+        return True
+
+
+def test_where_cells_are_shared_a_kept_sequence_is_borrowed_from_and_stays_whole():
+    """A request that shares only the start of a kept conversation borrows that start into a fresh
+    sequence; the conversation's cache stays whole for its own next turn. With the pool full, the
+    kept sequence is taken as it is, and with no use for it, the oldest kept one makes room."""
+    backend = PooledBackend(size=3)
+    cache = PromptCache(backend, max_kept=4)
+    talk = cache.open([])
+    talk.forward([1, 2, 3, 4, 5, 6])
+    cache.close(talk, reusable=True)
+    other = cache.open([1, 2, 9])
+    assert other is not talk and other.length == 0 and talk.length == 6
+    assert cache.borrow(other, [1, 2, 9]) == 2 and other.tokens == [1, 2] and talk.length == 6
+    cache.close(other, reusable=True)  # kept: talk, other; the pool holds 2 of 3
+    again = cache.open([1, 2, 3, 4, 5, 6, 7])
+    assert again is not talk and cache.borrow(again, [1, 2, 3, 4, 5, 6, 7]) == 6  # the next turn borrows it all
+    assert backend.spare_sequences() == 0
+    unrelated = cache.open([8, 8])  # the pool is full, nothing kept is of use: the oldest kept (talk) goes
+    assert talk.released and not other.released and backend.spare_sequences() == 0
+    cache.close(unrelated, reusable=False)
+    cache.close(again, reusable=True)
+    # full pool again (other and again kept, one spare taken by a live one) and a request that shares
+    # with `again`: the kept sequence itself is taken, cut back
+    live = cache.open([5])
+    assert backend.spare_sequences() == 0
+    taken = cache.open([1, 2, 3, 4, 0])
+    assert taken is again and taken.tokens == [1, 2, 3, 4]
+    cache.clear()
+    assert other.released and not live.released
 
 
 @pytest.mark.parametrize("draft,k", [("none", 0), ("ngram", 3), ("suffix", None)])

@@ -25,6 +25,7 @@ class Capabilities:
     # for llama.cpp, whose kernels for several tokens differ from those for one: greedy speculative
     # output can then differ from plain decoding where the target's top two logits nearly tie.
     block_invariant: bool = True
+    shares_prefix: bool = False  # share_prefix gives a sequence another's cached prefix without computing it
 
 
 class Sequence(ABC):
@@ -79,6 +80,11 @@ class Backend(ABC):
 
     @abstractmethod
     def new_sequence(self) -> Sequence: ...
+
+    def spare_sequences(self) -> int | None:
+        """How many more sequences new_sequence() can open in the pass-sharing pool (llama.cpp: sequence
+        ids of the shared context left); None: no such bound (each sequence is memory of its own)."""
+        return None
 
     def share_prefix(self, source: Sequence, target: Sequence, length: int) -> bool:
         """Give `target` the cache of source's first `length` tokens without computing them again:

@@ -103,7 +103,7 @@ class LlamaCppBackend(Backend):
             self._shared = self._new_context(context_length * self.parallel, sequences=self.parallel)
             self.context_length = min(context_length, int(self._shared.ctx.n_ctx()) // self.parallel)
             self._free_ids = list(range(self.parallel - 1, -1, -1))
-            self.capabilities = replace(type(self).capabilities, batching=True)
+            self.capabilities = replace(type(self).capabilities, batching=True, shares_prefix=True)
         else:
             probe = self._new_context(context_length)
             self.context_length = min(context_length, int(probe.ctx.n_ctx()))
@@ -156,6 +156,9 @@ class LlamaCppBackend(Backend):
             return LlamaCppSequence(self, self._shared, self._free_ids.pop())
         context = self._pool.pop() if self._pool else self._new_context(self.context_length)
         return LlamaCppSequence(self, context, 0)
+
+    def spare_sequences(self) -> int | None:
+        return len(self._free_ids) if self._shared is not None else None
 
     def share_prefix(self, source: Sequence, target: Sequence, length: int) -> bool:
         """In the shared context, source's KV cells for positions target.length .. length - 1 are

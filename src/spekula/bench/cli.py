@@ -158,6 +158,12 @@ def register_bench(sub: Any) -> argparse.ArgumentParser:
     )
     add_output_options(p)
     add_endpoint_options(p)
+    p.add_argument(
+        "--salt",
+        action="store_true",
+        help="with --endpoint: begin every prompt with a line naming this run and phase, so that no server answers "
+        "from what it cached of an earlier run or phase (both endpoints get the same prompts in a phase)",
+    )
     p.set_defaults(func=cmd_bench)
     return p
 
@@ -389,10 +395,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             markdown_into=markdown_into,
             config=config_of(args),
+            repeats=args.repeats,
+            salt=args.salt,
         )
     else:
         if args.baseline_endpoint:
             raise ConfigError("--baseline-endpoint needs --endpoint (the deployment to compare with it)")
+        if args.salt:
+            raise ConfigError("--salt is for --endpoint runs (in-process contenders keep their caches apart)")
         choices = choices_from_args(args)
         from spekula.bench.runner import PLAIN, check_baseline
 

@@ -7,6 +7,7 @@ in-memory models. Each returns what the CLI prints and writes.
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -155,16 +156,35 @@ def bench_endpoints(
     progress: bool = True,
     markdown_into: Path | None = None,
     config: dict[str, Any] | None = None,
+    repeats: int = 1,
+    salt: bool = False,
 ) -> tuple[dict[str, Any], str, dict[str, str]]:
-    """The baseline deployment first (when given), then the measured one, same prompts, same load."""
+    """Same prompts, same load, one endpoint at a time: the baseline deployment first (when given),
+    then the measured one; with repeats, phase after phase in alternating order (baseline, endpoint,
+    endpoint, baseline, ...: a drift in the machine's speed during the run cancels out to first
+    order). A request is compared with the other endpoint's request of the same prompt in the same
+    phase; throughput is each endpoint's output tokens over the wall time of its phases. salt: every
+    phase's prompts begin with a line naming the run and the phase, so a server with a prompt cache
+    does not answer a repeated prompt from an earlier phase (or an earlier run of the same workload)."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {repeats}")
     results: list[RequestResult] = []
     walls: dict[str, float] = {}
-    configs = []
-    for ep in ([baseline] if baseline else []) + [endpoint]:
-        rs, wall, model = run_endpoint(ep, items, sampling, load, max_tokens=max_tokens, chat=chat, progress=progress)
-        results += rs
-        walls[ep.name] = wall
-        configs.append({"name": ep.name, "url": ep.url, "model": model, "draft": None, "k": None})
+    seen: dict[str, dict[str, Any]] = {}  # each endpoint's config, in the first phase's order
+    order = ([baseline] if baseline else []) + [endpoint]
+    cycles = -(-(load.requests or len(items)) // len(items)) if items else 1  # passes over the items per phase
+    run_id = secrets.token_hex(4)
+    for phase in range(repeats):
+        phase_items = [item.salted(f"[run {run_id}, phase {phase + 1}]") for item in items] if salt else items
+        for ep in order if phase % 2 == 0 else order[::-1]:
+            first = phase * cycles
+            rs, wall, model = run_endpoint(
+                ep, phase_items, sampling, load, max_tokens=max_tokens, chat=chat, progress=progress, first_repeat=first
+            )
+            results += rs
+            walls[ep.name] = walls.get(ep.name, 0.0) + wall
+            seen.setdefault(ep.name, {"name": ep.name, "url": ep.url, "model": model, "draft": None, "k": None})
+    configs = list(seen.values())
     base_name = baseline.name if baseline else endpoint.name
     borrow_token_counts(results)  # a server that streams no usage counts an identical text as the other side does
     attach_comparisons(results, base_name, sampling.greedy)
@@ -174,6 +194,8 @@ def bench_endpoints(
         "requests": load.requests,
         "time_limit_s": load.time_limit_s,
         "request_timeout_s": load.request_timeout_s,
+        "phases": repeats,
+        "salt": f"[run {run_id}, phase N]" if salt else None,
     }
     result = result_dict(
         mode="endpoint",
@@ -184,7 +206,7 @@ def bench_endpoints(
         items=items,
         sampling=sampling,
         max_tokens=max_tokens,
-        repeats=1,
+        repeats=repeats,
         results=results,
         walls=walls,
         manifest=manifest(models=models, config={**(config or {}), "load": load_d}, seeds=_seeds(sampling, items, 1)),

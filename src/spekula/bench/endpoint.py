@@ -12,7 +12,10 @@ penalty of 1.1 and top-k 40 unless told otherwise, so its "greedy" is not plain 
 endpoint's `extra_body` (`--extra-body` / `--baseline-extra-body`) sends such parameters, e.g.
 {"repeat_penalty": 1.0} for llama_cpp.server; it may not set what the shared options set (model,
 max_tokens, temperature, ...), so both sides are asked the same question.
-Requests are bounded: at most `requests` of them, no new one after `time_limit` seconds, each one
+Two endpoints are measured in phases, one endpoint at a time (both at once would share the machine):
+with repeats, the order alternates (baseline first, then the other first, ...), so a machine whose
+speed drifts during the run favours neither (spekula.bench.commands.bench_endpoints).
+Requests are bounded: at most `requests` of them (in each phase), no new one after `time_limit` seconds, each one
 cut after `request_timeout` seconds.
 
 A request counts only when its answer is whole: the stream must end with a finish_reason and then
@@ -103,9 +106,11 @@ def run_endpoint(
     max_tokens: int | None = None,
     chat: bool = False,
     progress: bool = True,
+    first_repeat: int = 0,
 ) -> tuple[list[RequestResult], float, str]:
-    """Returns (results, wall seconds of the whole phase, the model name used)."""
-    return asyncio.run(_run(endpoint, items, sampling, load, max_tokens, chat, progress))
+    """Returns (results, wall seconds of the whole phase, the model name used). first_repeat: the
+    repeat number of the phase's first pass over the items (a later phase of the same run)."""
+    return asyncio.run(_run(endpoint, items, sampling, load, max_tokens, chat, progress, first_repeat))
 
 
 async def _run(
@@ -116,6 +121,7 @@ async def _run(
     max_tokens: int | None,
     chat: bool,
     progress: bool,
+    first_repeat: int,
 ) -> tuple[list[RequestResult], float, str]:
     with needs_extra("bench", "measuring an endpoint"):
         from openai import AsyncOpenAI
@@ -143,7 +149,7 @@ async def _run(
                 if deadline is not None and time.perf_counter() > deadline:
                     return  # over the time limit: not started, not counted
                 item = items[i % len(items)]
-                repeat = i // len(items)
+                repeat = first_repeat + i // len(items)
                 try:
                     r = await asyncio.wait_for(
                         _request(
@@ -167,7 +173,7 @@ async def _run(
                         None,
                         error=f"{type(e).__name__}: {e}"[:300],
                     )
-                r.config, r.repeat, r.order = endpoint.name, repeat, i
+                r.config, r.repeat, r.order = endpoint.name, repeat, first_repeat * len(items) + i
                 results[i] = r
                 bar.update(1)
 

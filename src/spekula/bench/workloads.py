@@ -18,7 +18,7 @@ import json
 import random
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,13 @@ class WorkItem:
         """The item's own max_tokens (or `default`), never above `cap`."""
         n = self.max_tokens if self.max_tokens is not None else (cap if cap is not None else default)
         return min(n, cap) if cap is not None else n
+
+    def salted(self, line: str) -> "WorkItem":
+        """The same item with `line` (and a newline) in front of its prompt, or of its first message."""
+        if self.messages is not None:
+            first, *rest = self.messages
+            return replace(self, messages=({**first, "content": f"{line}\n{first['content']}"}, *rest))
+        return replace(self, prompt=f"{line}\n{self.prompt or ''}")
 
     def chat_messages(self) -> list[dict[str, str]]:
         if self.messages is not None:

@@ -11,14 +11,16 @@
   otherwise (transformers, llama.cpp in exact mode) the blocks are scored one after another. A lone
   request is a batch of one.
 - Prompts are prefilled in chunks: each round spends at most `prefill_chunk` prompt tokens (shared by
-  every request still prefilling, earliest virtual finish first: see Scheduler._prefill) before the
-  decode steps, so running requests keep decoding while a long prompt prefills, and a request whose
-  client left mid-prefill is dropped before its next chunk. A prompt's last chunk (up to
-  PREFILL_BATCH_TOKENS tokens) is not a pass of its own: it goes into the request's first step, in
-  the round's score pass (Generation.fold), as llama.cpp's server puts prompt and decode rows in one
-  batch. While requests decode, chunks that leave a prompt unfinished get at most half the worker's
+  every request still prefilling, earliest virtual finish first: see Scheduler._prefill), so running
+  requests keep decoding while a long prompt prefills, and a request whose client left mid-prefill is
+  dropped before its next chunk. A prompt's last chunk (up to PREFILL_BATCH_TOKENS tokens) is not a
+  pass of its own: it goes into the request's first step, in the round's score pass
+  (Generation.fold), as llama.cpp's server puts prompt and decode rows in one batch. Batched, the
+  round's other chunks ride in that pass too (up to PREFILL_BATCH_TOKENS prompt tokens): beside a
+  chunk's rows a decode row costs little, so the requests decoding take a step during every chunk
+  instead of waiting for it (unbatched, or past that size, the chunks run first, in passes of their
+  own). While requests decode, chunks that leave a prompt unfinished get at most half the worker's
   time (Scheduler._prefill). prefill_chunk = 0: every prompt whole, in the round it was admitted.
-  Batched, the round's other chunks run in one forward (at most PREFILL_BATCH_TOKENS tokens each).
 - A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
   in that round: its last text and its end go out, its caches and slot are freed, before the next
   round starts.
@@ -55,6 +57,7 @@ from spekula.config import SamplingParams, StopConfig
 from spekula.engine import PlannedStep, PrefillChunk
 from spekula.errors import SpekulaError
 from spekula.pipeline import Pipeline, TextGeneration
+from spekula.prompt_cache import shared_prefix
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics, StepMeter
 from spekula.server.settings import ServerSettings
@@ -62,6 +65,7 @@ from spekula.trace import RequestStats
 
 log = logging.getLogger("spekula.server")
 PREFILL_BATCH_TOKENS = 2048  # prompt tokens prefilled together in one batched forward, at most
+PREFIX_WAIT_TOKENS = 64  # a prompt waits a round for another to prefill their common start if it is this long
 ENGINE_ERROR = APIError(500, "the engine failed on this request; the server log has the details", code="engine_error")
 
 
@@ -142,6 +146,12 @@ class Scheduler:
         self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
         self.batching = pipeline.target.capabilities.batching and max_running > 1
         engine = pipeline.engine
+        # a prompt may wait for a request ahead of it to prefill their common start, then borrow it (_awaits)
+        self._borrows = self.batching and pipeline.target.capabilities.shares_prefix and engine.prompt_cache.enabled
+        if self._borrows:
+            # keep finished requests' caches while sequence ids are spare (PromptCache): a conversation's next
+            # turn borrows its last turn's cells even when other requests finished in between
+            engine.prompt_cache.max_kept = max(engine.prompt_cache.max_kept, max_running)
         self._batch_k = self.batching and engine.proposer is not None and engine.spec.k is None
         if self._batch_k:  # pass costs up to the widest batch, before any request
             rows = max_running * (engine.spec.k_max + 1)
@@ -266,12 +276,19 @@ class Scheduler:
     def _round(self) -> None:
         """This round's prefill chunks, then one engine step for every request whose prompt is in:
         plan (draft), score, complete (accept, resample, advance); whoever finished is finished before
-        the round ends."""
+        the round ends. Batched, the round's chunks ride in the steps' pass (up to PREFILL_BATCH_TOKENS
+        prompt tokens): a decode row costs little beside a chunk's rows, so the requests decoding gain
+        a step during every chunk instead of waiting for it."""
         self.rounds += 1
-        self._prefill([job for job in self._running if not job.run.generation.ready])
+        chunks, waited = self._prefill([job for job in self._running if not job.run.generation.ready])
+        riders: list[tuple[Job, PrefillChunk]] = []
+        if chunks and self.batching and sum(len(c.tokens) for _, c in chunks) <= PREFILL_BATCH_TOKENS:
+            riders = chunks
+        else:
+            self._run_chunks(chunks, waited)
         started = time.perf_counter()
         planned = self._plan(self._choose_batch_ks())
-        for job, step, logits, score_s in self._score(planned):
+        for job, step, logits, score_s in self._score(planned, riders):
             run = job.run
             try:
                 delta = run.feed(run.generation.complete(step, logits, score_s=score_s))
@@ -285,8 +302,21 @@ class Scheduler:
             self._emit(job, delta)
             if run.generation.done:
                 self._finish(job, run.generation.finish_reason)
-        if planned:
-            self._owed_s -= time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        if riders and waited is not None:  # this round was a chunk's, with steps beside it
+            self._chunk_done(elapsed, waited or bool(planned))
+        elif planned:
+            self._owed_s -= elapsed
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "round %d: %d steps (%d rows), %d prompt tokens beside them, %d prefilling, %.3f s",
+                self.rounds,
+                len(planned),
+                sum(len(step.tokens) for _, step in planned),
+                sum(len(chunk.tokens) for _, chunk in riders),
+                sum(not job.run.generation.ready for job in self._running if job.run is not None),
+                elapsed,
+            )
 
     def _plan(self, ks: dict[Job, int] | None) -> list[tuple[Job, PlannedStep]]:
         """Stage 1 for every live request whose prompt is prefilled: what the score pass must run.
@@ -308,11 +338,14 @@ class Scheduler:
                 planned.append((job, step))
         return planned
 
-    def _score(self, planned: list[tuple[Job, PlannedStep]]) -> list[tuple[Job, PlannedStep, torch.Tensor, float]]:
+    def _score(
+        self, planned: list[tuple[Job, PlannedStep]], riders: list[tuple[Job, PrefillChunk]] = ()
+    ) -> list[tuple[Job, PlannedStep, torch.Tensor, float]]:
         """Stage 2: the target's pass over every planned block, batched where the backend can, else
-        one block after another. Returns each scored step with its logits and the seconds its pass
-        took; a request whose pass failed is finished with an error instead."""
-        if not planned:
+        one block after another. riders: prefill chunks that go into the same batched pass (their
+        logits unused). Returns each scored step with its logits and the seconds its pass took; a
+        request whose pass failed is finished with an error instead."""
+        if not planned and not riders:
             return []
         if not self.batching:
             scored = []
@@ -326,29 +359,36 @@ class Scheduler:
                     continue
                 scored.append((job, step, logits, time.perf_counter() - start))
             return scored
-        self.metrics.batch_size.observe(len(planned))
+        if planned:
+            self.metrics.batch_size.observe(len(planned))
+        blocks = [(s.sequence, s.tokens, s.num_logits) for _, s in planned]
+        blocks += [(c.sequence, c.tokens, 1) for _, c in riders if c.tokens]
         start = time.perf_counter()
         try:
-            logits = self.pipeline.target.forward_batch(
-                [s.sequence for _, s in planned], [s.tokens for _, s in planned], [s.num_logits for _, s in planned]
-            )
+            logits = self.pipeline.target.forward_batch(*map(list, zip(*blocks))) if blocks else []
         except Exception:  # the batch's caches are in an unknown state: end its requests, keep serving
-            log.exception("a batched forward of %d requests failed", len(planned))
-            for job, _ in planned:
+            log.exception("a batched forward of %d requests failed", len(blocks))
+            for job, _ in [*planned, *riders]:
                 self._finish(job, "error", ENGINE_ERROR)
             return []
         pass_s = time.perf_counter() - start
-        if len(planned) > 1:  # a pass over one sequence is that request's own to observe (PlannedStep.alone)
+        for job, _ in riders:
+            job.run.generation.prefilled()
+        if len(blocks) > 1:  # a pass over one sequence is that request's own to observe (PlannedStep.alone)
             for _, step in planned:
                 step.alone = False
-            if self._batch_k and not any(s.prompt for _, s in planned):  # a pass that prefilled is no step's cost
+            prefilled = riders or any(s.prompt for _, s in planned)  # a pass that prefilled is no step's cost
+            if self._batch_k and not prefilled:
                 self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
         return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits)]
 
-    def _prefill(self, prefilling: list[Job]) -> None:
-        """Spend the round's prefill budget (prefill_chunk tokens; 0: unbounded) on the requests still
-        prefilling. Every one of them is checked for a departed client or a passed deadline first,
-        whether or not it gets a chunk this round.
+    def _prefill(self, prefilling: list[Job]) -> tuple[list[tuple[Job, PrefillChunk]], bool | None]:
+        """Choose the round's prefill chunks, within its budget (prefill_chunk tokens; 0: unbounded), for
+        the requests still prefilling. Every one of them is checked for a departed client or a passed
+        deadline first, whether or not it gets a chunk this round. Returns the chunks to run (a
+        prompt's last chunk is folded into its first step instead) and, if one of them leaves its
+        prompt unfinished, whether other requests wait on it (requests decoding, or other prompts'
+        chunks): then they are owed its time (_chunk_done); None: no such chunk.
 
         Order: earliest virtual finish first, on a clock that counts the prompt tokens the server has
         prefilled: a request's key is the clock when it was admitted plus the tokens it has left. A short
@@ -378,6 +418,8 @@ class Scheduler:
         for job in live:
             generation = job.run.generation
             left = generation.prefill_left
+            if self._borrows and any(self._awaits(job, ahead) for ahead, _ in chunks):
+                continue  # next round it borrows what the one ahead prefills now
             if budget is not None and left > budget:  # this chunk leaves the prompt unfinished
                 if chunks and not self._rearmed:  # requests that start decoding now: owed the chunk they may
                     self._owed_s = max(self._owed_s, self._chunk_s)  # have waited on, once between two chunks
@@ -397,12 +439,36 @@ class Scheduler:
             if len(chunk.tokens) == generation.prefill_left and len(chunk.tokens) <= PREFILL_BATCH_TOKENS:
                 generation.fold(chunk)  # the prompt's last chunk: the first step's pass runs it
             chunks.append((job, chunk))
-        started = time.perf_counter()
         to_run = [(job, chunk) for job, chunk in chunks if not job.run.generation.ready]
+        return to_run, (decoding or len(chunks) > 1) if unfinishing else None
+
+    @staticmethod
+    def _awaits(job: Job, ahead: Job) -> bool:
+        """Whether `ahead`, prefilling in this round, is computing at least PREFIX_WAIT_TOKENS of the
+        start of job's prompt that no sequence holds yet. Then job waits a round and borrows those
+        KV cells (PromptCache.borrow, before its next chunk) instead of computing them a second time:
+        requests that arrive together with one long system prompt, or an edit session's turns sent at
+        once, prefill their common part once. (A request that gets no chunk this round is not waited
+        for: whichever computes the common part first, the other borrows it.)"""
+
+        def held(j: Job) -> int:
+            sequence = j.run.generation.target_sequence
+            return sequence.length if sequence is not None else 0
+
+        common = min(
+            shared_prefix(job.prompt_ids, ahead.prompt_ids), len(job.prompt_ids) - 1, len(ahead.prompt_ids) - 1
+        )
+        return common - max(held(job), min(common, held(ahead))) >= PREFIX_WAIT_TOKENS
+
+    def _run_chunks(self, chunks: list[tuple[Job, PrefillChunk]], waited: bool | None) -> None:
+        """Run the round's chunks in passes of their own (batched: _prefill_together)."""
+        if not chunks:
+            return
+        started = time.perf_counter()
         if self.batching:
-            self._prefill_together(to_run)
+            self._prefill_together(chunks)
         else:
-            for job, chunk in to_run:
+            for job, chunk in chunks:
                 try:
                     chunk.run()
                 except Exception:
@@ -410,10 +476,18 @@ class Scheduler:
                     self._finish(job, "error", ENGINE_ERROR)
                     continue
                 job.run.generation.prefilled()
-        if unfinishing:
-            self._chunk_s = time.perf_counter() - started
-            self._owed_s = self._chunk_s if decoding or len(chunks) > 1 else 0.0
-            self._rearmed = False
+        elapsed = time.perf_counter() - started
+        tokens = sum(len(chunk.tokens) for _, chunk in chunks)
+        log.debug("prefill: %d chunks, %d prompt tokens, %.3f s", len(chunks), tokens, elapsed)
+        if waited is not None:
+            self._chunk_done(elapsed, waited)
+
+    def _chunk_done(self, chunk_s: float, others_waited: bool) -> None:
+        """A chunk that left its prompt unfinished took chunk_s: the requests that waited on it (others
+        decoding, or prompts behind it) are owed as much decode time before the next one."""
+        self._chunk_s = chunk_s
+        self._owed_s = chunk_s if others_waited else 0.0
+        self._rearmed = False
 
     def _prefill_together(self, chunks: list[tuple[Job, PrefillChunk]]) -> None:
         """Run the round's chunks in batched forwards of up to PREFILL_BATCH_TOKENS tokens (one at a
