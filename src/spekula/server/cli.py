@@ -123,8 +123,9 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def target_backend(args: argparse.Namespace, settings) -> BackendConfig:
-    """The target's BackendConfig: one sequence per running request plus the prompt cache's kept one,
-    batched in one pass where the runtime can (llama.cpp: one shared context; BackendConfig.parallel)."""
+    """The target's BackendConfig: one sequence per running request plus one for a kept prompt cache (more
+    are kept while running requests leave ids spare: PromptCache), batched in one pass where the runtime
+    can (llama.cpp: one shared context; BackendConfig.parallel)."""
     return replace(backend_from_args(args), parallel=min(settings.max_running + 1, MAX_PARALLEL))
 
 
