@@ -209,7 +209,9 @@ def bench_endpoints(
         repeats=repeats,
         results=results,
         walls=walls,
-        manifest=manifest(models=models, config={**(config or {}), "load": load_d}, seeds=_seeds(sampling, items, 1)),
+        manifest=manifest(
+            models=models, config={**(config or {}), "load": load_d}, seeds=_seeds(sampling, items, repeats * cycles)
+        ),
         extra={"load": load_d},
     )
     summary, paths = write_outputs(result, out_dir, markdown_into)

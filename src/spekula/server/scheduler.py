@@ -450,15 +450,11 @@ class Scheduler:
         requests that arrive together with one long system prompt, or an edit session's turns sent at
         once, prefill their common part once. (A request that gets no chunk this round is not waited
         for: whichever computes the common part first, the other borrows it.)"""
-
-        def held(j: Job) -> int:
-            sequence = j.run.generation.target_sequence
-            return sequence.length if sequence is not None else 0
-
-        common = min(
-            shared_prefix(job.prompt_ids, ahead.prompt_ids), len(job.prompt_ids) - 1, len(ahead.prompt_ids) - 1
-        )
-        return common - max(held(job), min(common, held(ahead))) >= PREFIX_WAIT_TOKENS
+        mine, theirs = (len(j.prompt_ids) - 1 for j in (job, ahead))  # the prompt tokens prefilled in full
+        common = min(shared_prefix(job.prompt_ids, ahead.prompt_ids), mine, theirs)
+        held = mine - job.run.generation.prefill_left
+        held_ahead = theirs - ahead.run.generation.prefill_left
+        return common - max(held, min(common, held_ahead)) >= PREFIX_WAIT_TOKENS
 
     def _run_chunks(self, chunks: list[tuple[Job, PrefillChunk]], waited: bool | None) -> None:
         """Run the round's chunks in passes of their own (batched: _prefill_together)."""
