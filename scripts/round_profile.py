@@ -65,24 +65,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     cache = pipe.engine.prompt_cache
     many = cache.max_kept  # what the scheduler chose for this target
-    profile, rounds, passes = cProfile.Profile(), [], []
+    profile = cProfile.Profile()
+    # (mode, seconds) and (mode, seconds, rows), each under the mode its round started in: the round that
+    # finishes a mode's last request may still be running when the next mode begins
+    rounds: list[tuple[int, float]] = []
+    passes: list[tuple[int, float, int]] = []
+    now = {"mode": 0, "round": 0}  # the mode requests are submitted under; the running round's
     run_round, forward_batch = scheduler._round, pipe.target.forward_batch
 
     def timed_round() -> None:
+        now["round"] = now["mode"]
         start = time.perf_counter()
         profile.enable()
         try:
             run_round()
         finally:
             profile.disable()
-            rounds.append(time.perf_counter() - start)
+            rounds.append((now["round"], time.perf_counter() - start))
 
     def timed_pass(sequences, token_lists, *rest, **options):
         start = time.perf_counter()
         try:
             return forward_batch(sequences, token_lists, *rest, **options)
         finally:
-            passes.append((time.perf_counter() - start, sum(len(t) for t in token_lists)))
+            passes.append((now["round"], time.perf_counter() - start, sum(len(t) for t in token_lists)))
 
     scheduler._round, pipe.target.forward_batch = timed_round, timed_pass
     items = select(load_workload("builtin"), per_category=1)[: args.prompts]
@@ -90,29 +96,30 @@ def main(argv: list[str] | None = None) -> int:
     scheduler.start()
     modes = []
     for i, mode in enumerate(args.kept):
+        now["mode"] = i
         cache.max_kept = 1 if mode == "one" else many
         cache.clear()
-        rounds.clear()
-        passes.clear()
         for item in items:
             job = Job(
                 f"{item.id}-{i}", item.encode(pipe.codec, chat=True), SamplingParams(), stop, lambda e: None, WAIT
             )
             scheduler.submit(job)
             scheduler.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0, WAIT)
-        one_row = [s for s, rows in passes if rows == 1]
+    scheduler.close(WAIT)  # every round has ended: each mode's figures are complete
+    for i, mode in enumerate(args.kept):
+        mine = [s for m, s in rounds if m == i]
+        one_row = [s for m, s, rows in passes if m == i and rows == 1]
         modes.append(
             {
                 "kept": mode,
                 "one_row_pass_ms": round(1000 * statistics.median(one_row), 1) if one_row else None,
                 "one_row_passes": len(one_row),
-                "round_ms": round(1000 * statistics.median(rounds), 1),
-                "rounds": len(rounds),
-                "pass_share": round(sum(s for s, _ in passes) / sum(rounds), 3),
+                "round_ms": round(1000 * statistics.median(mine), 1),
+                "rounds": len(mine),
+                "pass_share": round(sum(s for m, s, _ in passes if m == i) / sum(mine), 3),
             }
         )
         print(f"{mode}: one-row pass {modes[-1]['one_row_pass_ms']} ms, round {modes[-1]['round_ms']} ms", flush=True)
-    scheduler.close(WAIT)
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
     print(text.getvalue())
