@@ -30,6 +30,7 @@ from spekula.pipeline import Pipeline
 from spekula.server import cli as serve_cli
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Job, Scheduler
+from spekula.threads import on_passing_thread
 
 SERVE = ["--target", "qwen2.5-coder-1.5b", "--threads", "2", "--draft", "suffix", "--suffix-cache-entries", "0"]
 WAIT = 600.0
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     serve_args = build_parser().parse_args(["serve", *(args.serve or SERVE)])
     settings = serve_cli.settings_from_args(serve_args)
-    pipe = Pipeline.load(
+    pipe = on_passing_thread(  # as spekula serve loads it: the scheduler thread then computes alone
+        Pipeline.load,
         serve_args.target,
         serve_args.draft,
         serve_cli.spec_from_args(serve_args),

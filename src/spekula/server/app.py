@@ -30,6 +30,7 @@ from spekula.server.scheduler import Scheduler
 from spekula.server.settings import ServerSettings
 from spekula.server.shutdown import Drain, shutting_down
 from spekula.server.state import ServerState
+from spekula.threads import on_passing_thread
 
 log = logging.getLogger("spekula.server")
 GENERATION = ("/v1/completions", "/v1/chat/completions")
@@ -43,7 +44,10 @@ def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSett
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         drain.reset()
-        state.pipeline = pipeline if isinstance(pipeline, Pipeline) else await asyncio.to_thread(pipeline)
+        if isinstance(pipeline, Pipeline):
+            state.pipeline = pipeline
+        else:  # on a thread that ends, so that the scheduler's thread computes alone (spekula.threads)
+            state.pipeline = await asyncio.to_thread(on_passing_thread, pipeline)
         state.scheduler = Scheduler(
             state.pipeline,
             state.metrics,

@@ -134,6 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from spekula.server.app import create_app
         from spekula.server.shutdown import serve
     from spekula.pipeline import Pipeline
+    from spekula.threads import on_passing_thread
 
     settings = settings_from_args(args)  # bad options fail before minutes of model loading
     sock = bind(settings.host, settings.port)
@@ -141,8 +142,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.host not in LOOPBACK and settings.api_key is None:
         _say(f"warning: listening on {settings.host} without an API key: anyone who can reach this port can use it")
     _say(f"loading target {args.target} and draft {args.draft} ({args.dtype}) ...")
-    pipe = Pipeline.load(
-        args.target, args.draft, spec_from_args(args), target_backend(args, settings), draft_backend_from_args(args)
+    # on a thread that ends: the scheduler thread is then the only one computing (spekula.threads)
+    pipe = on_passing_thread(
+        Pipeline.load,
+        args.target,
+        args.draft,
+        spec_from_args(args),
+        target_backend(args, settings),
+        draft_backend_from_args(args),
     )
     host, port = sock.getsockname()[:2]
     _say(

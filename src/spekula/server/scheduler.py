@@ -61,6 +61,7 @@ from spekula.prompt_cache import shared_prefix
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics, StepMeter
 from spekula.server.settings import ServerSettings
+from spekula.threads import on_passing_thread
 from spekula.trace import RequestStats
 
 log = logging.getLogger("spekula.server")
@@ -156,7 +157,7 @@ class Scheduler:
         if self._batch_k:  # pass costs up to the widest batch, before any request
             rows = max_running * (engine.spec.k_max + 1)
             log.info("measuring target passes of up to %d rows (batches of %d) for --k auto", rows, max_running)
-            engine.calibrate(max_batch=max_running)
+            on_passing_thread(engine.calibrate, max_batch=max_running)  # the worker thread computes alone
         metrics.track_queue(lambda: len(self._waiting), lambda: len(self._running))
 
     # -- called from the event loop -------------------------------------------------------------
