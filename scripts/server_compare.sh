@@ -31,9 +31,13 @@
 # Environment (defaults in brackets):
 #   CONCURRENCIES [1 4 16]  PER_CATEGORY [2]  CATEGORIES [all, or e.g. code-editing,open-chat]  MAX_TOKENS [48]
 #   REPEATS [2] phases per server at each concurrency
+#   SHUFFLE_SEED [unset: the suite's order] the chosen prompts in a seeded random order (an edit session's turns
+#                stay in order, one after the other), written to OUT_DIR/workload.jsonl and sent in that order
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
+#   BASELINE_SERVE_ARGS [unset] when set (even to "-"), the baseline is a second `spekula serve` with these options
+#                       in place of llama_cpp.server (on LLAMA_PORT): an A/B of two settings, same method
 # With DRAFT=suffix, spekula serve drafts from its earlier answers, and every concurrency sends the same prompts
 # again: pass SERVE_ARGS='--suffix-cache-entries 0' to measure each request on its own.
 set -euo pipefail
@@ -68,6 +72,13 @@ SPEKULA_PORT=${SPEKULA_PORT:-8411}
 LLAMA_PORT=${LLAMA_PORT:-8412}
 START_TIMEOUT=${START_TIMEOUT:-600}
 PLAIN_GREEDY='{"repeat_penalty": 1.0}'
+BASELINE_SERVE_ARGS=${BASELINE_SERVE_ARGS:-}
+SHUFFLE_SEED=${SHUFFLE_SEED:-}
+BASELINE_NAME=llama_cpp.server
+if [ -n "$BASELINE_SERVE_ARGS" ]; then
+    BASELINE_NAME="spekula serve $BASELINE_SERVE_ARGS"
+    PLAIN_GREEDY='{}'
+fi
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -130,10 +141,10 @@ TARGET=$MODEL
 [[ $MODEL == *.gguf ]] && TARGET=$GGUF
 
 log "starting spekula serve ($TARGET) on $SPEKULA"
-serve=(-m spekula serve --target "$TARGET" --threads "$THREADS" --host 127.0.0.1 --port "$SPEKULA_PORT")
-[ -n "$DRAFT" ] && serve+=(--draft "$DRAFT")
+spekula_serve=(-m spekula serve --target "$TARGET" --threads "$THREADS" --host 127.0.0.1)
+[ -n "$DRAFT" ] && spekula_serve+=(--draft "$DRAFT")
 read -r -a extra <<<"$SERVE_ARGS"
-serve+=("${extra[@]}")
+serve=("${spekula_serve[@]}" --port "$SPEKULA_PORT" "${extra[@]}")
 printf '%q ' "$PYTHON" "${serve[@]}" >>"$OUT/commands.txt"
 echo >>"$OUT/commands.txt"
 "$PYTHON" "${serve[@]}" >"$OUT/spekula-serve.log" 2>&1 &
@@ -147,19 +158,42 @@ models = json.load(urllib.request.urlopen(sys.argv[1] + '/v1/models'))['data']
 print(models[0]['max_model_len'])" "$SPEKULA")
 fi
 
-log "starting llama_cpp.server ($GGUF, n_ctx $N_CTX) on $LLAMA"
-llama=(-m llama_cpp.server --model "$GGUF" --n_ctx "$N_CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS")
-llama+=(--interrupt_requests false --host 127.0.0.1 --port "$LLAMA_PORT")
+log "starting $BASELINE_NAME ($GGUF, n_ctx $N_CTX) on $LLAMA"
+if [ -n "$BASELINE_SERVE_ARGS" ]; then
+    baseline_extra=()
+    [ "$BASELINE_SERVE_ARGS" != - ] && read -r -a baseline_extra <<<"$BASELINE_SERVE_ARGS"
+    llama=("${spekula_serve[@]}" --port "$LLAMA_PORT" "${baseline_extra[@]}")
+else
+    llama=(-m llama_cpp.server --model "$GGUF" --n_ctx "$N_CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS")
+    llama+=(--interrupt_requests false --host 127.0.0.1 --port "$LLAMA_PORT")
+fi
 printf '%q ' "$PYTHON" "${llama[@]}" >>"$OUT/commands.txt"
 echo >>"$OUT/commands.txt"
 "$PYTHON" "${llama[@]}" >"$OUT/llama-server.log" 2>&1 &
 PIDS+=($!)
-wait_ready "$LLAMA/v1/models" "${PIDS[-1]}" "llama_cpp.server" "$OUT/llama-server.log"
+wait_ready "$LLAMA/v1/models" "${PIDS[-1]}" "$BASELINE_NAME" "$OUT/llama-server.log"
 
 common=(--endpoint "$SPEKULA" --baseline-endpoint "$LLAMA" --baseline-extra-body "$PLAIN_GREEDY")
 common+=(--request-timeout "$REQUEST_TIMEOUT" --no-progress)
 workload=(--per-category "$PER_CATEGORY")
 [ -n "$CATEGORIES" ] && workload+=(--categories "$CATEGORIES")
+if [ -n "$SHUFFLE_SEED" ]; then
+    "$PYTHON" - "$PER_CATEGORY" "$CATEGORIES" "$SHUFFLE_SEED" "$OUT/workload.jsonl" <<'EOF'
+import json
+import random
+import sys
+
+from spekula.bench.workloads import conversation_order, load_workload, select
+
+wanted = sys.argv[2].split(",") if sys.argv[2] else None
+items = select(load_workload("builtin"), categories_wanted=wanted, per_category=int(sys.argv[1]))
+random.Random(int(sys.argv[3])).shuffle(items)
+items = conversation_order(items)  # each session's later turns right after its first, as in the suite
+with open(sys.argv[4], "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(item.to_dict()) + "\n" for item in items)
+EOF
+    workload=(--workload "$OUT/workload.jsonl")
+fi
 
 log "warming both servers with one short request each"
 run "$PYTHON" -m spekula bench "${common[@]}" --limit 1 --max-tokens 4 --out "$OUT/warmup" >/dev/null
@@ -178,13 +212,13 @@ for c in $CONCURRENCIES; do
         --concurrency "$c" --requests "$requests" --repeats "$REPEATS" --salt --out "$OUT/c$c" >"$OUT/c$c.txt"
 done
 
-"$PYTHON" - "$OUT" $CONCURRENCIES <<'EOF'
+"$PYTHON" - "$OUT" "$BASELINE_NAME" $CONCURRENCIES <<'EOF'
 import json
 import sys
 from pathlib import Path
 
-out, concurrencies = Path(sys.argv[1]), sys.argv[2:]
-servers = {"endpoint": "spekula serve", "baseline": "llama_cpp.server"}
+out, baseline, concurrencies = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+servers = {"endpoint": "spekula serve", "baseline": baseline}
 rows = []
 for c in concurrencies:
     result = json.loads((out / f"c{c}" / "results.json").read_text())

@@ -69,9 +69,15 @@ class PromptCache:
         # Where the runtime shares cells between sequences, a fresh sequence borrows the shared part
         # (borrow(), before the first chunk) and the kept one stays whole for a request that shares more
         # (a short prompt that shares only the system prompt would otherwise cut a long conversation's
-        # cache back to it); the kept one is taken only when the pool has no sequence to spare.
-        borrows = self.backend.capabilities.shares_prefix and self.backend.spare_sequences() != 0
+        # cache back to it). With the pool full, the oldest other kept sequence makes room for that; the
+        # kept one is taken only when it is the only one. (Taking the latest kept one whenever the pool
+        # was full cut an edit session's first turn back to the system prompt when a short request came
+        # in just after it finished, and its second turn prefilled ~1,000 tokens again.)
         useful = best is not None and shares[best] >= self.min_tokens
+        shares_cells = self.backend.capabilities.shares_prefix
+        if useful and shares_cells and self.backend.spare_sequences() == 0 and len(self._kept) > 1:
+            self._kept.pop(1 if best == 0 else 0).release()
+        borrows = shares_cells and self.backend.spare_sequences() != 0
         if useful and not borrows:
             kept = self._kept.pop(best)
             kept.truncate(shares[best])

@@ -64,7 +64,7 @@ def test_it_passes_only_options_llama_cpp_server_has():
     for module in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"):
         pytest.importorskip(module)
     text = help_of("llama_cpp.server")
-    line = next(x for x in TEXT.splitlines() if x.startswith("llama=(-m llama_cpp.server"))
+    line = next(x for x in TEXT.splitlines() if x.strip().startswith("llama=(-m llama_cpp.server"))
     following = TEXT[TEXT.index(line) :].split("\n", 2)[:2]
     flags = set(re.findall(r"(--[a-z_]+)", "\n".join(following)))
     assert {"--n_ctx", "--n_threads", "--n_threads_batch", "--interrupt_requests"} <= flags

@@ -325,8 +325,8 @@ def test_generation_prefill_in_chunks(kind):
 
 
 def test_the_options():
-    """--prefill-chunk (serve), and --context-length (every model command: a long prompt on llama.cpp needs it),
-    which the draft's backend inherits."""
+    """--prefill-chunk and --prefill-share (serve), and --context-length (every model command: a long prompt on
+    llama.cpp needs it), which the draft's backend inherits."""
     from spekula.cli import build_parser
     from spekula.options import backend_from_args
     from spekula.pipeline import draft_backend_config
@@ -335,8 +335,16 @@ def test_the_options():
     assert ServerSettings().prefill_chunk == 256 and ServerSettings(prefill_chunk=0).prefill_chunk == 0
     with pytest.raises(ConfigError, match="--prefill-chunk"):
         ServerSettings(prefill_chunk=-1)
-    args = build_parser().parse_args(["serve", "--prefill-chunk", "64", "--context-length", "8192"])
-    assert settings_from_args(args).prefill_chunk == 64
+    for share in (0, -0.5, 1.5, float("nan"), True):
+        with pytest.raises(ConfigError, match="--prefill-share must be a fraction in"):
+            ServerSettings(prefill_share=share)
+    with pytest.raises(ValueError, match="prefill_share"):
+        Scheduler(fake_pipeline(), ServerMetrics(), max_running=1, max_queue=1, prefill_share=0)
+    args = build_parser().parse_args(
+        ["serve", "--prefill-chunk", "64", "--prefill-share", "0.5", "--context-length", "8192"]
+    )
+    assert settings_from_args(args).prefill_chunk == 64 and settings_from_args(args).prefill_share == 0.5
+    assert ServerSettings().prefill_share == pytest.approx(1 / 3)
     target = backend_from_args(args)
     assert target.context_length == 8192 and draft_backend_config("ngram", target).context_length == 8192
     assert backend_from_args(build_parser().parse_args(["serve"])).context_length is None
@@ -377,20 +385,25 @@ PASSAGE = (
 ) * 24
 
 
-def test_a_long_prefill_takes_at_most_half_the_time_while_others_decode(recorded, monkeypatch):
+@pytest.mark.parametrize("share", [0.5, 1 / 3, 0.2])
+def test_a_long_prefill_takes_at_most_its_share_of_the_time_while_others_decode(share, recorded, monkeypatch):
     """On a clock that advances one unit per token a forward pass runs (so the test does not depend on
-    the machine): while a request decodes, the long prompt's chunks cost no more than the decoding
-    rounds between them, plus one chunk."""
+    the machine): while a request decodes, the long prompt's chunks take about prefill_share of the
+    time, never more (plus one chunk); the request decoding has the rest."""
     import types
 
     import spekula.server.scheduler as scheduler_module
     from spekula.backends.base import Sequence
 
     clock = [0.0]
+    calls: list[tuple[int, bool, int]] = []  # (round, a chunk of the long prompt?, tokens)
     forward = Sequence.forward
 
     def timed(self, token_ids, num_logits=None):
         clock[0] += len(token_ids)
+        long = next((j for j in log.jobs if j.id == "long"), None)
+        of_long = long is not None and long.run is not None and self is long.run.generation.target_sequence
+        calls.append((log.scheduler.rounds, of_long, len(token_ids)))
         return forward(self, token_ids, num_logits)
 
     monkeypatch.setattr(Sequence, "forward", timed)
@@ -398,12 +411,19 @@ def test_a_long_prefill_takes_at_most_half_the_time_while_others_decode(recorded
         scheduler_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic)
     )
     pipe = fake_pipeline(draft="other", k=3)
-    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK)
-    log.scheduler.submit(log.job("decoder", pipe.codec.encode("go"), 60))
+    log = recorded(pipe, max_running=4, prefill_chunk=CHUNK, prefill_share=share)
+    log.scheduler.submit(log.job("decoder", pipe.codec.encode("go"), 120))
     log.scheduler.submit(log.job("long", pipe.codec.encode(LONG), 4))
     log.run()
 
-    decoder_end = log.of("decoder")[-1][0]
-    beside = [r for r, _ in log.chunks_of("long") if r <= decoder_end]  # rounds with a chunk while the other decoded
-    assert len(beside) >= 2 and isinstance(log.of("decoder")[-1][1], Finished)
-    assert len(beside) <= beside[-1] // 2 + 1  # at most about every other round (without the rule: every one)
+    assert isinstance(log.of("decoder")[-1][1], Finished)
+    # the rounds in which the long prompt prefilled while the other request decoded (not the last of either)
+    end = min(log.of("decoder")[-1][0], log.chunks_of("long")[-1][0])
+    beside = [n for r, n in log.chunks_of("long") if r < end]
+    window = [(of_long, n) for r, of_long, n in calls if r < end]
+    chunk_time = sum(n for of_long, n in window if of_long)
+    total = sum(n for _, n in window)
+    assert len(beside) >= 3 and chunk_time == sum(beside)  # its passes in the window were its chunks
+    assert chunk_time <= share * total + CHUNK  # never more than its share (the last chunk may end the window)
+    assert chunk_time >= 0.75 * share * total  # and not much less: the decoding rounds stop once owed
+    assert log.text("long") == plain_text(pipe, pipe.codec.encode(LONG), 4)

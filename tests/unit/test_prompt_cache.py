@@ -112,7 +112,8 @@ class PooledBackend(FunctionBackend):
 def test_where_cells_are_shared_a_kept_sequence_is_borrowed_from_and_stays_whole():
     """A request that shares only the start of a kept conversation borrows that start into a fresh
     sequence; the conversation's cache stays whole for its own next turn. With the pool full, the
-    kept sequence is taken as it is, and with no use for it, the oldest kept one makes room."""
+    oldest other kept sequence makes room for that (with no use for any kept one, the oldest); the
+    kept sequence is taken, cut back, only when it is the only one kept."""
     backend = PooledBackend(size=3)
     cache = PromptCache(backend, max_kept=4)
     talk = cache.open([])
@@ -130,13 +131,18 @@ def test_where_cells_are_shared_a_kept_sequence_is_borrowed_from_and_stays_whole
     cache.close(unrelated, reusable=False)
     cache.close(again, reusable=True)
     # full pool again (other and again kept, one spare taken by a live one) and a request that shares
-    # with `again`: the kept sequence itself is taken, cut back
+    # with `again`, the latest: the oldest (other) makes room, and `again` stays whole
     live = cache.open([5])
     assert backend.spare_sequences() == 0
-    taken = cache.open([1, 2, 3, 4, 0])
-    assert taken is again and taken.tokens == [1, 2, 3, 4]
+    short = cache.open([1, 2, 3, 4, 0])
+    assert short is not again and other.released and not again.released
+    assert cache.borrow(short, [1, 2, 3, 4, 0]) == 4 and again.length == 6
+    # `again` the only one kept, and the pool full: it is taken, cut back
+    assert backend.spare_sequences() == 0
+    taken = cache.open([1, 2, 3, 9])
+    assert taken is again and taken.tokens == [1, 2, 3]
     cache.clear()
-    assert other.released and not live.released
+    assert not live.released and not short.released
 
 
 @pytest.mark.parametrize("draft,k", [("none", 0), ("ngram", 3), ("suffix", None)])

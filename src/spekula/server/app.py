@@ -54,6 +54,7 @@ def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSett
             max_running=settings.max_running,
             max_queue=settings.max_queue,
             prefill_chunk=settings.prefill_chunk,
+            prefill_share=settings.prefill_share,
         )
         state.scheduler.start()
         log.info("serving %s (proposer %s) on the scheduler thread", state.model_name, state.pipeline.draft_name)

@@ -95,6 +95,14 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
         help="prompt tokens prefilled per scheduler round, so running requests keep decoding while a long prompt "
         f"prefills (shared by the requests prefilling; 0 = each prompt whole; default {d.prefill_chunk})",
     )
+    g.add_argument(
+        "--prefill-share",
+        type=float,
+        default=d.prefill_share,
+        help="while requests decode, the most of the worker's time that chunks of a longer prompt may take: the rest "
+        "goes to the requests decoding, which are nearer their end (1 = a chunk every round; "
+        f"default {d.prefill_share:.3g})",
+    )
     g.add_argument("--log-prompts", action="store_true", help="write prompts and outputs to the log (off by default)")
     g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
@@ -117,6 +125,7 @@ def settings_from_args(args: argparse.Namespace):
         request_timeout_s=args.request_timeout,
         shutdown_timeout_s=args.shutdown_timeout,
         prefill_chunk=args.prefill_chunk,
+        prefill_share=args.prefill_share,
         log_prompts=args.log_prompts,
         sampling=sampling_from_args(args),
     )

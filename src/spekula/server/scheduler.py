@@ -19,8 +19,9 @@
   round's other chunks ride in that pass too (up to PREFILL_BATCH_TOKENS prompt tokens): beside a
   chunk's rows a decode row costs little, so the requests decoding take a step during every chunk
   instead of waiting for it (unbatched, or past that size, the chunks run first, in passes of their
-  own). While requests decode, chunks that leave a prompt unfinished get at most half the worker's
-  time (Scheduler._prefill). prefill_chunk = 0: every prompt whole, in the round it was admitted.
+  own). While requests decode, chunks that leave a prompt unfinished get at most prefill_share of the
+  worker's time (a third by default; the requests decoding are nearer their end: Scheduler._prefill).
+  prefill_chunk = 0: every prompt whole, in the round it was admitted.
 - A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
   in that round: its last text and its end go out, its caches and slot are freed, before the next
   round starts.
@@ -124,15 +125,21 @@ class Scheduler:
         max_running: int,
         max_queue: int,
         prefill_chunk: int = ServerSettings.prefill_chunk,
+        prefill_share: float = ServerSettings.prefill_share,
     ) -> None:
-        """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts)."""
+        """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts).
+        prefill_share: the most of the worker's time that chunks leaving a prompt unfinished take while
+        requests decode (Scheduler._prefill)."""
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0: whole prompts), got {prefill_chunk}")
+        if not 0 < prefill_share <= 1:
+            raise ValueError(f"prefill_share must be in (0, 1], got {prefill_share}")
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
+        self._decode_per_chunk = (1 - prefill_share) / prefill_share  # decode seconds owed per second of chunk
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
@@ -400,12 +407,17 @@ class Scheduler:
         admission order.
 
         A prompt that fits in what is left of the budget is prefilled at once. A chunk that leaves its
-        prompt unfinished takes at most half the worker's time while requests decode: after one, the
-        requests decoding step for as long as it took before the next (_owed_s), and requests that
-        start decoding are owed as much (they may have waited on that chunk), so a short request beside
-        a long prefill takes about its own time twice plus one chunk. New requests re-arm that debt at
-        most once between two chunks: owing every arrival starved a long prompt whenever requests kept
-        arriving, so a long prompt gets at least a third of the worker's time."""
+        prompt unfinished takes at most prefill_share of the worker's time while requests decode (a third
+        by default): after one, the requests decoding step for (1 - share) / share times as long as it
+        took before the next (_owed_s). That is shortest remaining work first, bounded: a request
+        decoding has at most its own tokens left, a prompt that needs chunks has those chunks and then
+        its tokens, so the requests decoding get most of the time and finish. An even split (share 1/2)
+        had a burst of 16 requests finish nearly all together at the end, and their median latency
+        behind llama_cpp.server's first come, first served (scripts/server_compare.sh, concurrency 16).
+        Requests that start decoding are owed the chunk's time once (they may have waited on that
+        chunk). New requests re-arm that debt at most once between two chunks: owing every arrival
+        starved a long prompt whenever requests kept arriving, so a long prompt gets at least
+        share / (1 + share) of the worker's time (a quarter by default)."""
         decoding = any(job.run.generation.prefill_done for job in self._running)
         if not decoding:
             self._owed_s = 0.0  # nobody is waiting on the prefill
@@ -481,9 +493,10 @@ class Scheduler:
 
     def _chunk_done(self, chunk_s: float, others_waited: bool) -> None:
         """A chunk that left its prompt unfinished took chunk_s: the requests that waited on it (others
-        decoding, or prompts behind it) are owed as much decode time before the next one."""
+        decoding, or prompts behind it) are owed (1 - prefill_share) / prefill_share times as much decode time
+        before the next one."""
         self._chunk_s = chunk_s
-        self._owed_s = chunk_s if others_waited else 0.0
+        self._owed_s = chunk_s * self._decode_per_chunk if others_waited else 0.0
         self._rearmed = False
 
     def _prefill_together(self, chunks: list[tuple[Job, PrefillChunk]]) -> None:

@@ -24,6 +24,8 @@ class ServerSettings:
     request_timeout_s: float = 600.0  # from arrival (queue wait included) to the last token
     shutdown_timeout_s: float = 30.0  # in-flight requests get this long to finish on shutdown
     prefill_chunk: int = 256  # prompt tokens prefilled per scheduler round, shared by the requests prefilling; 0: whole
+    # the most of the worker's time that chunks leaving a prompt unfinished take while requests decode (Scheduler)
+    prefill_share: float = 1 / 3
     log_prompts: bool = False  # prompts and outputs stay out of the logs unless asked for
     sampling: SamplingParams = field(default_factory=SamplingParams)  # defaults for fields a request omits
 
@@ -41,6 +43,9 @@ class ServerSettings:
             low = 0 if name in ("port", "max_queue", "prefill_chunk") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{_flag(name)} must be an integer >= {low}, got {value!r}")
+        share = self.prefill_share
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+            raise ConfigError(f"--prefill-share must be a fraction in (0, 1], got {share!r}")
         if self.port > 65535:
             raise ConfigError(f"--port must be at most 65535, got {self.port}")
         if self.default_max_tokens > self.max_tokens_limit:

@@ -1,0 +1,59 @@
+"""Are llama.cpp's logits for a sequence the same, bit for bit, whether its row is alone in a pass or
+batched with other sequences' rows? The server's shared context (17 sequences, flash attention), with
+repacked weights on or off (exact mode's weights). 16 sequences each hold a different 60-token prompt;
+each scores one token alone, then B of them score it together; then a 4-token block beside 7 rows.
+
+    .venv/bin/python scripts/experiments/batch_invariance.py off|on [MODEL]   # about a minute for the 1.5B
+
+2026-12-01 (AVX-512 machine, Qwen2.5-Coder-1.5B Q4_K_M): 0 of B equal for every B from 2 to 16, max |diff|
+0.33 to 0.46 of a logit, with repacking on and off alike; the block differs too. So the server's greedy
+texts move with the batch (docs/BENCHMARKS.md, soak) whatever the weights' layout, and exact serving with
+batching needs more than exact mode's flags.
+"""
+
+import sys
+import torch
+import llama_cpp._internals as internals
+from spekula.config import BackendConfig
+from spekula.pipeline import load_model
+
+repack = sys.argv[1] == "on"
+Model = internals.LlamaModel
+
+
+class Patched(Model):
+    def __init__(self, *a, params=None, **kw):
+        params.use_extra_bufts = repack
+        super().__init__(*a, params=params, **kw)
+
+
+internals.LlamaModel = Patched
+backend, codec = load_model(
+    sys.argv[2] if len(sys.argv) > 2 else "qwen2.5-coder-1.5b",
+    BackendConfig(runtime="llamacpp", threads=2, parallel=17, context_length=512),
+)
+texts = [f"Request {i}: please write about topic number {i * 7} and explain it in detail. " * 4 for i in range(16)]
+seqs = []
+for t in texts:
+    s = backend.new_sequence()
+    s.forward(codec.encode(t)[:60], 1)
+    seqs.append(s)
+nxt = [codec.encode(" and")[0]] * 16
+solo = []
+for s, t in zip(seqs, nxt):
+    solo.append(s.forward([t]))
+    s.truncate(s.length - 1)
+for B in (2, 3, 4, 5, 8, 12, 16):
+    out = backend.forward_batch(seqs[:B], [[t] for t in nxt[:B]], [1] * B)
+    same = sum(torch.equal(o, e) for o, e in zip(out, solo[:B]))
+    diff = max(float((o - e).abs().max()) for o, e in zip(out, solo[:B]))
+    equal = f"{same}/{B} bitwise equal to alone"
+    print(f"repack {sys.argv[1]}: batch of {B} one-row sequences: {equal}, max |diff| {diff:.2e}")
+    for s in seqs[:B]:
+        s.truncate(s.length - 1)
+# a 4-row block beside 7 one-row sequences vs alone
+block = codec.encode(" and then we go")[:4]
+alone = seqs[0].forward(block)
+seqs[0].truncate(seqs[0].length - 4)
+out = backend.forward_batch(seqs[:8], [block] + [[t] for t in nxt[1:8]], [4] + [1] * 7)
+print(f"repack {sys.argv[1]}: a 4-token block beside 7 one-row sequences equal to alone: {torch.equal(out[0], alone)}")
