@@ -5,10 +5,15 @@ each scores one token alone, then B of them score it together; then a 4-token bl
 
     .venv/bin/python scripts/experiments/batch_invariance.py off|on [MODEL]   # about a minute for the 1.5B
 
-2026-12-01 (AVX-512 machine, Qwen2.5-Coder-1.5B Q4_K_M): 0 of B equal for every B from 2 to 16, max |diff|
-0.33 to 0.46 of a logit, with repacking on and off alike; the block differs too. So the server's greedy
-texts move with the batch (docs/BENCHMARKS.md, soak) whatever the weights' layout, and exact serving with
-batching needs more than exact mode's flags.
+2026-12-01 (AVX-512 machine), repacking on and off alike:
+- Qwen2.5-Coder-1.5B Q4_K_M: 0 of B rows equal for every B from 2 to 16, max |diff| 0.33 to 0.46 of a
+  logit; the 4-token block differs too.
+- SmolLM2-135M (Q4_1): 0 of B equal for B from 2 to 8 (3 of 12, 7 of 16), max |diff| 0.78; the 4-token
+  block beside 7 rows is bitwise its lone pass (as tests/server/test_llamacpp_batching.py finds for
+  blocks), so it is a lone ONE-row pass that takes another path than a row among others.
+The server's greedy texts therefore move with the batch (docs/BENCHMARKS.md, soak), and exact serving
+with batching needs more than exact mode's flags: at least every pass, a lone request's included, of
+two rows or more, and a check of that at load.
 """
 
 import sys
