@@ -2,15 +2,19 @@
 (Qwen2.5-Coder-1.5B Q4_K_M), same process, same context size and threads, alternating blocks of 16 passes as the
 context grows: is spekula's pass dearer than llama-cpp-python's, and is it the configuration or the process?
 
-    .venv/bin/python scripts/experiments/context_cost.py [reference-first]   # about a minute
+    .venv/bin/python scripts/experiments/context_cost.py [reference-first | throwaway-first]   # about a minute
+
+throwaway-first loads (and frees) a llama-cpp-python model before spekula's and the reference.
 
 2026-12-01 (AVX-512 machine), two runs each way, median ms per pass (spekula against llama-cpp-python):
 - spekula's model loaded first: 25.36 against 24.06 and 25.46 against 24.63 (slower in every block pair);
-- llama-cpp-python's loaded first: 25.69 against 25.76 and 24.21 against 24.81.
+- llama-cpp-python's loaded first: 25.69 against 25.76 and 24.21 against 24.81;
+- a throwaway model loaded and freed first, then spekula's, then llama-cpp-python's: 24.88 against 23.90 (so it
+  is not a first load that is slow: the model loaded last ran fastest in all five runs).
 Python outside llama_decode costs spekula 0.15 ms a pass; both contexts reuse the graph (llama_perf_context:
-n_reused 31 of 32); kv_unified off and n_gpu_layers 0 changed nothing. So the model loaded second in a process
-runs ~3% faster, whichever it is; `spekula bench` loads spekula's first, which hands llama-cpp-python's loop
-that ~3% (its time per token there is 1.02x to 1.04x below spekula plain's on the same passes).
+n_reused 31 of 32); kv_unified off and n_gpu_layers 0 changed nothing. So the model loaded later in a process
+runs ~3% faster, whichever it is (why, this does not find); `spekula bench` loads spekula's first, which hands
+llama-cpp-python's loop that ~3% (its time per token there is 1.02x to 1.04x below spekula plain's on the same passes).
 """
 
 import statistics
@@ -35,7 +39,12 @@ def reference() -> Llama:
     )  # fmt: skip
 
 
-if sys.argv[1:] == ["reference-first"]:
+if sys.argv[1:] == ["throwaway-first"]:
+    throwaway = reference()
+    del throwaway
+    backend, codec = load_model(MODEL, BackendConfig(runtime="llamacpp", threads=2, context_length=4096))
+    ll = reference()
+elif sys.argv[1:] == ["reference-first"]:
     ll = reference()
     backend, codec = load_model(MODEL, BackendConfig(runtime="llamacpp", threads=2, context_length=4096))
 else:
