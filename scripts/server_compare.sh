@@ -71,13 +71,13 @@ REPEATS=${REPEATS:-2}
 SPEKULA_PORT=${SPEKULA_PORT:-8411}
 LLAMA_PORT=${LLAMA_PORT:-8412}
 START_TIMEOUT=${START_TIMEOUT:-600}
-PLAIN_GREEDY='{"repeat_penalty": 1.0}'
+BASELINE_BODY='{"repeat_penalty": 1.0}'  # llama_cpp.server's temperature 0 as plain greedy decoding
 BASELINE_SERVE_ARGS=${BASELINE_SERVE_ARGS:-}
 SHUFFLE_SEED=${SHUFFLE_SEED:-}
 BASELINE_NAME=llama_cpp.server
 if [ -n "$BASELINE_SERVE_ARGS" ]; then
     BASELINE_NAME="spekula serve $BASELINE_SERVE_ARGS"
-    PLAIN_GREEDY='{}'
+    BASELINE_BODY='{}'
 fi
 
 mkdir -p "$OUT"
@@ -173,7 +173,7 @@ echo >>"$OUT/commands.txt"
 PIDS+=($!)
 wait_ready "$LLAMA/v1/models" "${PIDS[-1]}" "$BASELINE_NAME" "$OUT/llama-server.log"
 
-common=(--endpoint "$SPEKULA" --baseline-endpoint "$LLAMA" --baseline-extra-body "$PLAIN_GREEDY")
+common=(--endpoint "$SPEKULA" --baseline-endpoint "$LLAMA" --baseline-extra-body "$BASELINE_BODY")
 common+=(--request-timeout "$REQUEST_TIMEOUT" --no-progress)
 workload=(--per-category "$PER_CATEGORY")
 [ -n "$CATEGORIES" ] && workload+=(--categories "$CATEGORIES")

@@ -61,7 +61,10 @@ for block in range(12):
     for name in ("spekula", "llama-cpp-python") if block % 2 == 0 else ("llama-cpp-python", "spekula"):
         start = time.perf_counter()
         for _ in range(16):
-            seq.forward([token], 1) if name == "spekula" else ll.eval([token])
+            if name == "spekula":
+                seq.forward([token], 1)
+            else:
+                ll.eval([token])
         ms[name].append((time.perf_counter() - start) / 16 * 1000)
 for name, values in ms.items():
     print(f"{name}: ms per one-token pass {['%.2f' % x for x in values]}, median {statistics.median(values):.2f}")
