@@ -36,6 +36,9 @@
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
+#   BASELINE_HUGE_PAGES [1] 1: llama_cpp.server starts with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the 2 MiB pages
+#                       `spekula serve` gives itself (spekula.hugepages), so both sides decode on the same page
+#                       size; 0: llama_cpp.server as a user starts it (where THP is "madvise": ~5% slower passes)
 #   BASELINE_SERVE_ARGS [unset] when set (even to "-"), the baseline is a second `spekula serve` with these options
 #                       in place of llama_cpp.server (on LLAMA_PORT): an A/B of two settings, same method
 # With DRAFT=suffix, spekula serve drafts from its earlier answers, and every concurrency sends the same prompts
@@ -73,6 +76,7 @@ LLAMA_PORT=${LLAMA_PORT:-8412}
 START_TIMEOUT=${START_TIMEOUT:-600}
 BASELINE_BODY='{"repeat_penalty": 1.0}'  # llama_cpp.server's temperature 0 as plain greedy decoding
 BASELINE_SERVE_ARGS=${BASELINE_SERVE_ARGS:-}
+BASELINE_HUGE_PAGES=${BASELINE_HUGE_PAGES:-1}
 SHUFFLE_SEED=${SHUFFLE_SEED:-}
 BASELINE_NAME=llama_cpp.server
 if [ -n "$BASELINE_SERVE_ARGS" ]; then
@@ -167,9 +171,11 @@ else
     llama=(-m llama_cpp.server --model "$GGUF" --n_ctx "$N_CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS")
     llama+=(--interrupt_requests false --host 127.0.0.1 --port "$LLAMA_PORT")
 fi
-printf '%q ' "$PYTHON" "${llama[@]}" >>"$OUT/commands.txt"
+baseline_env=()
+[ "$BASELINE_HUGE_PAGES" = 1 ] && [ -z "$BASELINE_SERVE_ARGS" ] && baseline_env=(GLIBC_TUNABLES=glibc.malloc.hugetlb=1)
+printf '%q ' "${baseline_env[@]}" "$PYTHON" "${llama[@]}" >>"$OUT/commands.txt"
 echo >>"$OUT/commands.txt"
-"$PYTHON" "${llama[@]}" >"$OUT/llama-server.log" 2>&1 &
+env "${baseline_env[@]}" "$PYTHON" "${llama[@]}" >"$OUT/llama-server.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$LLAMA/v1/models" "${PIDS[-1]}" "$BASELINE_NAME" "$OUT/llama-server.log"
 

@@ -15,6 +15,7 @@ from typing import Any
 from spekula.bench import cli as bench_cli
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import SpekulaError
+from spekula.hugepages import reexec_with_huge_pages
 from spekula.models import cli as models_cli
 from spekula.options import (
     add_model_options,
@@ -205,6 +206,10 @@ def parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.A
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `spekula` program; argv None: this process's command line (and a restart onto huge pages first:
+    spekula.hugepages), a list: those arguments, in this process as it is (tests, embedding)."""
+    if argv is None:
+        reexec_with_huge_pages()
     parser, commands = parser_and_commands()
     args = parser.parse_args(argv)
     try:

@@ -77,6 +77,10 @@ class Controller(ABC):
         catch_up: context tokens the draft processed first, inside draft_s (a cold draft's prefill);
         draft_class: the class choose_k was given for this step."""
 
+    def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
+        """A draft made at a plain step and not verified, settled by the tokens emitted since (spekula.shadow):
+        how many of its leading tokens would have been accepted. Nothing was run for it. Default: ignored."""
+
 
 @dataclass
 class FixedK(Controller):
@@ -282,13 +286,23 @@ class AdaptiveK(Controller):
         if num_drafted:
             if catch_up <= 1:  # else draft_s is mostly the draft's prefill: not a price per drafted token
                 self.costs.observe_draft(num_drafted, draft_s)
-            rejected = 1.0 if num_accepted < num_drafted else 0.0
-            if not rejected:
-                self._k_cap = min(2 * self.k_cap, self.k_max)
-            prior = self.costs.prior_acceptance(draft_class)
-            tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
-            self._accepted = self.decay * self._accepted + num_accepted
-            self._rejected = self.decay * self._rejected + rejected
-            self._expected_accepted = self.decay * self._expected_accepted + sum(tried)
-            self._expected_rejected = self.decay * self._expected_rejected + sum(1.0 - p for p in tried)
-            self.costs.observe_acceptance(num_drafted, num_accepted, draft_class)
+            self._learn(num_drafted, num_accepted, draft_class)
+
+    def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
+        """Learnt as a verified draft is (this request's odds, the slow-start cap, the engine-wide rates of
+        its class): a shadow is the same draft at the same point, only nobody paid for its rows."""
+        if num_drafted:
+            self._learn(num_drafted, num_accepted, draft_class)
+
+    def _learn(self, num_drafted: int, num_accepted: int, draft_class: str | None) -> None:
+        """What a settled draft of num_drafted tokens, num_accepted of them accepted, says of acceptance."""
+        rejected = 1.0 if num_accepted < num_drafted else 0.0
+        if not rejected:
+            self._k_cap = min(2 * self.k_cap, self.k_max)
+        prior = self.costs.prior_acceptance(draft_class)
+        tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
+        self._accepted = self.decay * self._accepted + num_accepted
+        self._rejected = self.decay * self._rejected + rejected
+        self._expected_accepted = self.decay * self._expected_accepted + sum(tried)
+        self._expected_rejected = self.decay * self._expected_rejected + sum(1.0 - p for p in tried)
+        self.costs.observe_acceptance(num_drafted, num_accepted, draft_class)

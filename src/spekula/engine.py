@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from spekula.backends.base import Backend, Sequence
-from spekula.config import SamplingParams, SpecConfig, StopConfig
+from spekula.config import K_MAX, SamplingParams, SpecConfig, StopConfig
 from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
 from spekula.cost import CostModel
 from spekula.divergence import ranked
@@ -32,6 +32,7 @@ from spekula.limits import check_prompt
 from spekula.prompt_cache import PromptCache
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
+from spekula.shadow import ShadowDraft
 from spekula.trace import DraftedToken, Recorder, RequestStats, StepRecord
 from spekula.verify import Verdict, verify_greedy, verify_sampled
 
@@ -129,6 +130,7 @@ class Generation:
         self._folded: list[int] | None = None  # the prompt's last chunk, left to the first step's pass (fold)
         self._step = 0
         self._class_at: tuple[int, str | None] | None = None  # (committed length, its draft class): _draft_class
+        self._shadow: ShadowDraft | None = None  # a free draft not verified, until emitted tokens settle it
         self._finished = False
         self._steps = self._run()
 
@@ -228,6 +230,8 @@ class Generation:
             k, reason = budget - 1, f"{reason}; k={budget - 1}: {budget} tokens left"
         t0 = time.perf_counter()
         draft = self._draft(proposer, committed, k)
+        if k == 0 and self._shadow is None and draft_class != NO_DRAFT:
+            self._open_shadow(proposer, committed, draft_class)
         return PlannedStep(
             self.target_sequence,
             [*prompt, committed[-1], *draft.tokens],
@@ -253,6 +257,7 @@ class Generation:
         t3 = time.perf_counter()
         emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
         t4 = time.perf_counter()
+        shadow = self._settle_shadow(self._committed[step.position :])
 
         controller.observe(
             k,
@@ -278,9 +283,10 @@ class Generation:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
             self.recorder.step(
                 _step_record(
-                    self._step, step, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup
+                    self._step, step, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup,
+                    shadow,
                 )
-            )
+            )  # fmt: skip
         self._step += 1
         return emitted
 
@@ -389,6 +395,24 @@ class Generation:
             draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
         return draft
 
+    def _open_shadow(self, proposer: Proposer | None, committed: list[int], draft_class: str | None) -> None:
+        """At a plain step, keep aside the draft a free proposer would have made (spekula.shadow)."""
+        if proposer is None or not proposer.free_to_draft:
+            return
+        draft = proposer.propose(committed, K_MAX, self.sampling, None)
+        if len(draft):
+            self._shadow = ShadowDraft(list(draft.tokens[:K_MAX]), draft_class, len(committed))
+
+    def _settle_shadow(self, committed_now: list[int]) -> ShadowDraft | None:
+        """Score the open shadow draft against the tokens this step committed; once they settle it, the
+        controller learns it and it is returned (for the step record)."""
+        shadow = self._shadow
+        if shadow is None or not shadow.feed(committed_now):
+            return None
+        self._shadow = None
+        self.controller.observe_shadow(len(shadow.tokens), shadow.accepted, shadow.draft_class)
+        return shadow
+
     def _accept(self, draft: Draft, logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
         """Accept + resample: returns the verdict and p (None when greedy and nobody needs it)."""
         tokens = torch.tensor(draft.tokens, dtype=torch.long)
@@ -462,7 +486,16 @@ class PlannedStep:
 
 
 def _step_record(
-    index: int, step: PlannedStep, logits, p, verdict: Verdict, emitted, sampling: SamplingParams, timings, predicted
+    index: int,
+    step: PlannedStep,
+    logits,
+    p,
+    verdict: Verdict,
+    emitted,
+    sampling: SamplingParams,
+    timings,
+    predicted,
+    shadow: ShadowDraft | None = None,
 ) -> StepRecord:
     """Everything a reader needs to see why the step went as it did."""
     draft = step.draft
@@ -504,4 +537,5 @@ def _step_record(
         predicted_speedup=predicted,
         reason=step.reason,
         target_top=ranked(logits[: n + 1]),
+        shadow=None if shadow is None else shadow.to_dict(),
     )

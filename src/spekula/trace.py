@@ -151,6 +151,8 @@ class StepRecord:
     # per token the step decided (the accepted ones, then the recovered / bonus one): the target's best
     # tokens there, best first, as (id, how far its raw logit trails the best's); spekula.divergence reads it
     target_top: list[list[tuple[int, float]]] | None = None
+    # a shadow draft settled by this step's tokens (spekula.shadow): position, draft_class, tokens, drafted, accepted
+    shadow: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "step", **asdict(self)}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from spekula.extras import needs_extra
+from spekula.hugepages import thp_mode
 
 PACKAGES = (
     "spekula",
@@ -73,6 +74,9 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "gpu": None,
+        "cpu_flags": cpu_flags(),
+        # the page size the weights sit on (spekula.hugepages): THP mode, and whether malloc asks for huge pages
+        "huge_pages": {"thp": thp_mode(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")},
     }
     try:
         import torch
@@ -83,6 +87,22 @@ def machine() -> dict[str, Any]:
     except Exception:
         pass
     return info
+
+
+# the vector extensions a CPU decoding pass's speed depends on (the physics differ by machine: check them)
+KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags() -> list[str]:
+    """Which of KERNEL_FLAGS /proc/cpuinfo lists ([] off Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                present = set(line.split(":", 1)[1].split())
+                return [flag for flag in KERNEL_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
 
 
 def cpu_model() -> str:

@@ -30,6 +30,12 @@ NO_DRAFT = "no draft"  # a draft class: the proposer has nothing to offer now (k
 
 
 class Proposer(ABC):
+    # Drafting costs nothing worth measuring and consumes no random numbers (a lookup in the context, not a
+    # model): at a plain step the engine may ask for the draft it would have made and score it against
+    # the tokens the target emits next (spekula.shadow), so the controller learns classes it would not pay
+    # to try.
+    free_to_draft: bool = False
+
     @abstractmethod
     def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         """Up to k tokens that might follow `context` (every committed token: prompt + output)."""

@@ -21,6 +21,8 @@ from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, Propo
 
 
 class NgramProposer(Proposer):
+    free_to_draft = True  # a dictionary lookup (spekula.shadow)
+
     def __init__(self, ngram_max: int, ngram_min: int) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min

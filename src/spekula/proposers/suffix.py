@@ -289,6 +289,8 @@ def match_class(length: int) -> str:
 class SuffixProposer(Proposer):
     """One request: its own context indexed incrementally, plus the factory's cache for its namespace."""
 
+    free_to_draft = True  # an index lookup (spekula.shadow)
+
     def __init__(
         self,
         config: SuffixConfig = SuffixConfig(),

@@ -1,0 +1,57 @@
+"""Shadow drafts: what a free proposer would have drafted at a plain step, checked against what the target emits.
+
+A controller learns a draft class's acceptance only from drafts it verifies, and it verifies only where it
+already expects them to pay. So a class whose prior is pessimistic is never tried and never learnt: on
+llama.cpp, where a 4-row pass costs over twice a one-row pass, a fresh process decoded a code edit that
+re-emits its prompt line by line with k = 0 on 163 of 172 steps, every one of them with a suffix match of
+1 to 15 tokens in hand (`spekula generate --draft suffix --trace`, docs/BENCHMARKS.md).
+
+A model-free proposer (suffix or n-gram lookup: Proposer.free_to_draft) drafts in microseconds, so at a
+plain step the engine asks it for the draft it would have made anyway and keeps it aside. The tokens the
+target emits next (by any kind of step) are the target's own continuation of the same context, so they
+score that draft as verification would have: under greedy decoding a drafted token is accepted exactly
+when it equals the emitted one; under sampling, a deterministic draft token is accepted with probability
+p(token), which is the probability that the emitted token equals it, so the count is an unbiased sample of
+the acceptance. Once the draft is settled (a token differs, or all of them matched), the controller learns
+it as it learns a verified draft (Controller.observe_shadow): nothing is verified, so the pass costs and
+output are untouched. One shadow is open at a time, so overlapping drafts of one stretch do not count the
+same tokens twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class ShadowDraft:
+    """A draft offered at a plain step and not verified, settled by the tokens emitted after it."""
+
+    tokens: list[int]
+    draft_class: str | None
+    position: int  # committed tokens (prompt and output) the draft follows
+    accepted: int = 0  # leading tokens the emitted ones matched so far
+    settled: bool = False
+
+    def feed(self, emitted: Iterable[int]) -> bool:
+        """The next tokens the target emitted after the draft's context; True once the draft is settled (a
+        token differed, or every drafted token matched), after which `accepted` is final."""
+        for token in emitted:
+            if self.settled:
+                break
+            if token != self.tokens[self.accepted]:
+                self.settled = True
+                break
+            self.accepted += 1
+            self.settled = self.accepted == len(self.tokens)
+        return self.settled
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "position": self.position,
+            "draft_class": self.draft_class,
+            "tokens": list(self.tokens),
+            "drafted": len(self.tokens),
+            "accepted": self.accepted,
+        }

@@ -1,0 +1,101 @@
+"""Shadow drafts (spekula.shadow): a free proposer's draft at a plain step, scored by the tokens emitted after it,
+teaches the controller without a verify pass and without touching the output."""
+
+import torch
+
+from spekula.config import SamplingParams, SpecConfig, StopConfig
+from spekula.control import AdaptiveK
+from spekula.cost import CostModel, base_acceptance
+from spekula.engine import Engine
+from spekula.proposers import DraftModelFactory, NgramFactory
+from spekula.proposers.suffix import SuffixFactory
+from spekula.shadow import ShadowDraft
+from spekula.testing import FunctionBackend, random_table_backend
+from spekula.trace import ListTrace
+
+
+def test_a_shadow_settles_at_its_first_differing_token_or_when_every_token_matched():
+    shadow = ShadowDraft([5, 6, 7, 8], "suffix-4..7", 10)
+    assert not shadow.feed([5]) and shadow.accepted == 1  # one plain step's token
+    assert shadow.feed([6, 9, 7]) and shadow.accepted == 2  # a verify step's tokens: 9 differs from 7
+    assert shadow.feed([7, 8]) and shadow.accepted == 2  # settled: later tokens change nothing
+    whole = ShadowDraft([1, 2], None, 3)
+    assert whole.feed([1, 2, 3]) and whole.accepted == 2
+    assert whole.to_dict() == {"position": 3, "draft_class": None, "tokens": [1, 2], "drafted": 2, "accepted": 2}
+    assert ShadowDraft([4], "suffix-1", 0).feed([3])
+
+
+def llamacpp_like() -> CostModel:  # this machine's llama.cpp: a 2-row pass 1.5x a 1-row one, 16 rows 4.4x
+    ms = {1: 33, 2: 50, 3: 62, 4: 75, 5: 93, 8: 131, 9: 141, 12: 155, 13: 162, 16: 146, 17: 177}
+    return CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)
+
+
+def test_shadows_that_pass_make_a_class_the_prior_would_not_try_pay():
+    costs = llamacpp_like()
+    ctl = AdaptiveK(costs, k_max=16)
+    assert ctl.choose_k(100, 0, "suffix-2..3") == 0  # its match length alone does not pay: not even a probe
+    assert ctl.reason.startswith("plain")
+    for _ in range(3):  # the target went on to emit what the suffix match would have drafted
+        ctl.observe_shadow(3, 3, "suffix-2..3")
+    assert ctl.choose_k(100, 0, "suffix-2..3") >= 2 and ctl.reason.startswith("speculate")
+    # the engine-wide rates of the class learnt it too (slowly): a new request starts from them
+    assert costs.prior_acceptance("suffix-2..3")[0] > base_acceptance("suffix-2..3")[0] + 0.1
+    failing = AdaptiveK(llamacpp_like(), k_max=16)
+    for _ in range(3):
+        failing.observe_shadow(3, 0, "suffix-2..3")
+    assert failing.choose_k(100, 0, "suffix-2..3") == 0 and failing.acceptance("suffix-2..3")[0] < 0.3
+
+
+V = 48
+LINES = [[8 + (5 * i + j) % 40 for j in range(24)] for i in range(4)]
+PROMPT = [1, *[t for line in LINES for t in [*line, 2]]]
+# the answer re-emits the prompt's lines, each with its first token changed (as an edit that reformats)
+SCRIPT = [t for i, line in enumerate(LINES) for t in [3 + i, *line[1:], 2]]
+
+
+def copying_target() -> FunctionBackend:
+    def logits_fn(prefix: list[int]) -> torch.Tensor:
+        row = torch.zeros(V)
+        i = len(prefix) - len(PROMPT)
+        row[SCRIPT[i] if 0 <= i < len(SCRIPT) else 0] = 4.0
+        return row
+
+    return FunctionBackend(logits_fn, V)
+
+
+def test_shadows_are_scored_against_what_the_target_emitted_and_leave_the_output_alone():
+    target = copying_target()
+    stop = StopConfig(max_tokens=len(SCRIPT))
+    plain = Engine(target).generate(PROMPT, SamplingParams(), stop).run()
+    assert plain.token_ids == SCRIPT
+    outcomes = set()
+    for factory in (SuffixFactory(), NgramFactory(4, 1)):
+        engine = Engine(target, factory, SpecConfig(k=None, k_max=16))
+        engine.costs = llamacpp_like()
+        trace = ListTrace()
+        g = engine.generate(PROMPT, SamplingParams(), stop, trace).run()
+        assert g.token_ids == plain.token_ids
+        shadows = [r.shadow for r in trace.steps if r.shadow is not None]
+        assert shadows, "plain steps with a match in hand open shadow drafts"
+        text = PROMPT + SCRIPT
+        for shadow in shadows:  # each scored as verification would have: its prefix the target went on to emit
+            tokens, at = shadow["tokens"], shadow["position"]
+            matched = next((i for i, t in enumerate(tokens) if text[at + i] != t), len(tokens))
+            assert shadow["accepted"] == matched and shadow["drafted"] == len(tokens) > 0
+            opened = next(r for r in trace.steps if r.position == at)
+            assert opened.k == 0 and opened.draft_class == shadow["draft_class"]  # opened at a plain step
+            outcomes.add(shadow["accepted"] == shadow["drafted"])
+    assert outcomes == {True, False}  # both kinds settled: a draft the target followed, one it did not
+
+
+def test_a_draft_model_is_never_asked_for_a_shadow():
+    target = random_table_backend(40, seed=0, order=2)
+    draft = random_table_backend(40, seed=99, order=2)  # a poor draft: mostly plain steps
+    engine = Engine(target, DraftModelFactory(draft), SpecConfig(k=None, k_max=6))
+    engine.costs = llamacpp_like()
+    trace = ListTrace()
+    draft.passes = 0
+    g = engine.generate([1, 2, 3], SamplingParams(), StopConfig(max_tokens=40), trace).run()
+    assert g.stats.k_chosen.get(0, 0) > 0  # there were plain steps ...
+    assert all(r.shadow is None for r in trace.steps)  # ... and none of them drafted in the shadows
+    assert draft.passes <= 1 + sum(r.k for r in trace.steps)  # the draft ran only for what was verified
