@@ -109,10 +109,15 @@ class SpecConfig:
     # Keep the last finished request's cache for the next request that starts with the same tokens (a
     # chat's next turn): it prefills only the rest (spekula.prompt_cache). Not speculation, but the engine's.
     prompt_cache: bool = True
+    # At a plain step, score the draft a free proposer (suffix, n-gram) would have made against the tokens
+    # emitted next, so the controller learns from it (spekula.shadow). Off: learn from verified drafts only.
+    shadow_drafts: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_cache, bool):
             raise ConfigError(f"prompt_cache must be true or false, got {self.prompt_cache!r}")
+        if not isinstance(self.shadow_drafts, bool):
+            raise ConfigError(f"shadow_drafts must be true or false, got {self.shadow_drafts!r}")
         if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
             raise ConfigError(f"k (draft length) must be an integer >= 0 (0 = plain decoding), got {self.k!r}")
         if self.k is not None and self.k > 64:

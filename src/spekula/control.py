@@ -125,6 +125,8 @@ class AdaptiveK(Controller):
     # Whether the step just chosen is a probe, and whether this request has probed yet.
     _probing: bool = field(default=False, init=False, repr=False)
     _probed: bool = field(default=False, init=False, repr=False)
+    # Whether this request has verified a draft yet (shadow drafts teach it, but leave it a new request).
+    _verified: bool = field(default=False, init=False, repr=False)
 
     def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
         self._probing = False
@@ -185,7 +187,7 @@ class AdaptiveK(Controller):
         base = base_acceptance(draft_class)
         if base is not None and self.costs.best_k(base, self.k_max)[0] == 0:
             return False
-        fresh = base is not None and not self._probed and self._accepted + self._rejected == 0
+        fresh = base is not None and not self._probed and not self._verified
         gap = min(self._probe_gap, self.probe_every) if fresh else self._probe_gap
         if self._plain_steps < (1 if fresh else gap):
             return False
@@ -286,18 +288,22 @@ class AdaptiveK(Controller):
         if num_drafted:
             if catch_up <= 1:  # else draft_s is mostly the draft's prefill: not a price per drafted token
                 self.costs.observe_draft(num_drafted, draft_s)
+            self._verified = True
             self._learn(num_drafted, num_accepted, draft_class)
 
     def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
-        """Learnt as a verified draft is (this request's odds, the slow-start cap, the engine-wide rates of
-        its class): a shadow is the same draft at the same point, only nobody paid for its rows."""
+        """Learnt as a verified draft is (this request's odds, the engine-wide rates of its class): a shadow is
+        the same draft at the same point, only nobody paid for its rows. The slow-start cap doubles only for
+        a shadow at least as long as the cap: a few matching tokens do not prove that a long draft would
+        pass. And the request stays new (its first probe comes as a new request's does, _probe_due): what
+        it has verified, not what it has watched, makes it a request with evidence of its own."""
         if num_drafted:
-            self._learn(num_drafted, num_accepted, draft_class)
+            self._learn(num_drafted, num_accepted, draft_class, proves_cap=num_drafted >= self.k_cap)
 
-    def _learn(self, num_drafted: int, num_accepted: int, draft_class: str | None) -> None:
+    def _learn(self, num_drafted: int, num_accepted: int, draft_class: str | None, proves_cap: bool = True) -> None:
         """What a settled draft of num_drafted tokens, num_accepted of them accepted, says of acceptance."""
         rejected = 1.0 if num_accepted < num_drafted else 0.0
-        if not rejected:
+        if not rejected and proves_cap:
             self._k_cap = min(2 * self.k_cap, self.k_max)
         prior = self.costs.prior_acceptance(draft_class)
         tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]

@@ -26,13 +26,13 @@ import torch
 from spekula.backends.base import Backend, Sequence
 from spekula.config import K_MAX, SamplingParams, SpecConfig, StopConfig
 from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
-from spekula.cost import CostModel
+from spekula.cost import CostModel, match_length
 from spekula.divergence import ranked
 from spekula.limits import check_prompt
 from spekula.prompt_cache import PromptCache
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
-from spekula.shadow import ShadowDraft
+from spekula.shadow import SHADOW_MIN_MATCH, ShadowDraft
 from spekula.trace import DraftedToken, Recorder, RequestStats, StepRecord
 from spekula.verify import Verdict, verify_greedy, verify_sampled
 
@@ -230,7 +230,7 @@ class Generation:
             k, reason = budget - 1, f"{reason}; k={budget - 1}: {budget} tokens left"
         t0 = time.perf_counter()
         draft = self._draft(proposer, committed, k)
-        if k == 0 and self._shadow is None and draft_class != NO_DRAFT:
+        if k == 0 and self._shadow is None and (match_length(draft_class) or 0) >= SHADOW_MIN_MATCH:
             self._open_shadow(proposer, committed, draft_class)
         return PlannedStep(
             self.target_sequence,
@@ -397,7 +397,7 @@ class Generation:
 
     def _open_shadow(self, proposer: Proposer | None, committed: list[int], draft_class: str | None) -> None:
         """At a plain step, keep aside the draft a free proposer would have made (spekula.shadow)."""
-        if proposer is None or not proposer.free_to_draft:
+        if proposer is None or not proposer.free_to_draft or not self.engine.spec.shadow_drafts:
             return
         draft = proposer.propose(committed, K_MAX, self.sampling, None)
         if len(draft):

@@ -23,6 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# Shadows are drafted only after a match of at least this many tokens. Copying shows itself in long
+# matches; one- to three-token matches are everywhere in prose, and shadows of them taught the controller
+# to draft in chat replies where verified drafts then failed (docs/BENCHMARKS.md, shadow=off A/B).
+SHADOW_MIN_MATCH = 4
+
 
 @dataclass
 class ShadowDraft:

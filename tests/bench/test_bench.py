@@ -214,6 +214,12 @@ def test_parse_spec():
     ):
         with pytest.raises(ConfigError):
             parse_spec(bad, "d", 4)
+    # shadow drafts: on unless the spec turns them off (an A/B of what they are worth, in one run)
+    (dark,) = parse_spec("draft=suffix,k=auto,shadow=off", "d", None)
+    assert dark.name == "suffix k=auto shadow=off" and dark.spec_config().shadow_drafts is False
+    assert parse_spec("draft=suffix,k=auto", "d", None)[0].spec_config().shadow_drafts is True
+    with pytest.raises(ConfigError, match="on or off"):
+        parse_spec("draft=suffix,shadow=no", "d", None)
     # a draft model's confidence threshold: from the spec, else from --draft-confidence; never for n-gram lookup
     (sure,) = parse_spec("k=auto,confidence=0.4", "qwen", None)
     assert sure.confidence == 0.4 and sure.name == "qwen k=auto conf=0.4" and sure.spec_config().draft_confidence == 0.4

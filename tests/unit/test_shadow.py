@@ -5,11 +5,13 @@ import torch
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK
-from spekula.cost import CostModel, base_acceptance
+from costkit import compute_bound
+
+from spekula.cost import CostModel, base_acceptance, match_length
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
 from spekula.proposers.suffix import SuffixFactory
-from spekula.shadow import ShadowDraft
+from spekula.shadow import SHADOW_MIN_MATCH, ShadowDraft
 from spekula.testing import FunctionBackend, random_table_backend
 from spekula.trace import ListTrace
 
@@ -71,7 +73,7 @@ def test_shadows_are_scored_against_what_the_target_emitted_and_leave_the_output
     outcomes = set()
     for factory in (SuffixFactory(), NgramFactory(4, 1)):
         engine = Engine(target, factory, SpecConfig(k=None, k_max=16))
-        engine.costs = llamacpp_like()
+        engine.costs = compute_bound()  # no draft pays here, so every step is plain: shadows all along
         trace = ListTrace()
         g = engine.generate(PROMPT, SamplingParams(), stop, trace).run()
         assert g.token_ids == plain.token_ids
@@ -84,8 +86,18 @@ def test_shadows_are_scored_against_what_the_target_emitted_and_leave_the_output
             assert shadow["accepted"] == matched and shadow["drafted"] == len(tokens) > 0
             opened = next(r for r in trace.steps if r.position == at)
             assert opened.k == 0 and opened.draft_class == shadow["draft_class"]  # opened at a plain step
+            assert match_length(shadow["draft_class"]) >= SHADOW_MIN_MATCH  # after a long match only
             outcomes.add(shadow["accepted"] == shadow["drafted"])
     assert outcomes == {True, False}  # both kinds settled: a draft the target followed, one it did not
+
+
+def test_no_shadow_where_the_spec_turns_them_off():
+    engine = Engine(copying_target(), SuffixFactory(), SpecConfig(k=None, k_max=16, shadow_drafts=False))
+    engine.costs = llamacpp_like()
+    trace = ListTrace()
+    engine.generate(PROMPT, SamplingParams(), StopConfig(max_tokens=len(SCRIPT)), trace).run()
+    assert any(r.k == 0 and r.draft_class != "no draft" for r in trace.steps)  # plain steps with a match ...
+    assert all(r.shadow is None for r in trace.steps)  # ... and not one shadow
 
 
 def test_a_draft_model_is_never_asked_for_a_shadow():
@@ -99,3 +111,23 @@ def test_a_draft_model_is_never_asked_for_a_shadow():
     assert g.stats.k_chosen.get(0, 0) > 0  # there were plain steps ...
     assert all(r.shadow is None for r in trace.steps)  # ... and none of them drafted in the shadows
     assert draft.passes <= 1 + sum(r.k for r in trace.steps)  # the draft ran only for what was verified
+
+
+def test_only_a_shadow_as_long_as_the_slow_start_cap_doubles_it():
+    ctl = AdaptiveK(llamacpp_like(), k_max=16)
+    cap = ctl.k_cap
+    for _ in range(4):  # short matching shadows: common in prose, no proof that a long draft would pass
+        ctl.observe_shadow(1, 1, "suffix-1")
+    assert ctl.k_cap == cap
+    ctl.observe_shadow(cap, cap, "suffix-4..7")
+    assert ctl.k_cap == min(2 * cap, 16)
+
+
+def test_shadow_evidence_leaves_a_request_its_first_probe():
+    # shadows that failed make drafting look bad; a request that has verified nothing still probes at its
+    # first draft whose match length alone would pay, as a new request does (control.AdaptiveK._probe_due)
+    ctl = AdaptiveK(llamacpp_like(), k_max=16)
+    for _ in range(8):
+        ctl.observe_shadow(16, 0, "suffix-16+")
+    assert ctl.choose_k(100, 0, "suffix-16+") == 1 and ctl.reason.startswith("probe")
+    assert ctl.choose_k(100, 0, "suffix-16+") == 0  # one probe, then the clock: the shadows were evidence

@@ -36,7 +36,8 @@ from spekula.trace import ListTrace
 PLAIN = "plain"
 WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped before any measured one
 RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
-SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "backend", "loop", "name")
+SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "shadow", "backend", "loop", "name")
+SHADOW_VALUES = {"on": True, "off": False}  # shadow=: SpecConfig.shadow_drafts
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class SpecChoice:
     k_max: int = K_MAX  # k=auto's longest draft (SpecConfig)
     backend: str | None = None  # a runtime name (spekula.backends.BACKENDS)
     loop: str = SPEKULA_LOOP  # whose generation loop decodes (spekula.bench.reference.LOOPS)
+    shadow: bool = True  # SpecConfig.shadow_drafts: off, to measure what shadow drafts are worth in one run
 
     def __post_init__(self) -> None:
         from spekula.backends import BACKENDS, LLAMACPP
@@ -113,6 +115,8 @@ class SpecChoice:
             extra += f" k_max={self.k_max}"
         if self.confidence is not None:
             extra += f" conf={self.confidence:g}"
+        if not self.shadow:
+            extra += " shadow=off"
         return f"{short} k={self.k_text}{extra}{on}"
 
     def spec_config(self, prompt_cache: bool = True) -> SpecConfig:
@@ -123,6 +127,7 @@ class SpecChoice:
             ngram_max=self.ngram_max,
             ngram_min=self.ngram_min,
             draft_confidence=None if self.plain else self.confidence,
+            shadow_drafts=self.shadow,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,6 +141,7 @@ class SpecChoice:
             "draft_confidence": self.confidence,
             "backend": self.backend,
             "loop": self.loop,
+            "shadow": self.shadow,
         }
 
 
@@ -189,7 +195,7 @@ def parse_spec(
         fields[key] = value.strip()
     loop = fields.get("loop", SPEKULA_LOOP)
     if loop != SPEKULA_LOOP:
-        drafting = [key for key in ("k_max", "ngram_max", "ngram_min", "confidence") if key in fields]
+        drafting = [key for key in ("k_max", "ngram_max", "ngram_min", "confidence", "shadow") if key in fields]
         if drafting:
             raise ConfigError(
                 f"bad --spec {text!r}: loop={loop} decodes plainly; {', '.join(drafting)} shape(s) a draft. Drop them"
@@ -214,6 +220,9 @@ def parse_spec(
         raise ConfigError(
             f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them"
         )
+    shadow = fields.get("shadow", "on")
+    if shadow not in SHADOW_VALUES:
+        raise ConfigError(f"bad --spec {text!r}: shadow takes on or off, got {shadow!r}")
     label = fields.get("name")
     backend = fields.get("backend")
     choices = []
@@ -223,6 +232,7 @@ def parse_spec(
             choice = choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max, backend)
         else:
             choice = SpecChoice(draft, k, nmax, nmin, name, conf, k_max, backend)
+        choice = replace(choice, shadow=SHADOW_VALUES[shadow])
         choices.append(replace(choice, loop=loop) if loop != SPEKULA_LOOP else choice)
     return choices
 
