@@ -109,9 +109,11 @@ class SpecConfig:
     # Keep the last finished request's cache for the next request that starts with the same tokens (a
     # chat's next turn): it prefills only the rest (spekula.prompt_cache). Not speculation, but the engine's.
     prompt_cache: bool = True
-    # At a plain step, score the draft a free proposer (suffix, n-gram) would have made against the tokens
-    # emitted next, so the controller learns from it (spekula.shadow). Off: learn from verified drafts only.
-    shadow_drafts: bool = True
+    # At a plain step of a request that has verified nothing yet, score the draft a free proposer (suffix,
+    # n-gram) would have made against the tokens emitted next, so the controller learns from it
+    # (spekula.shadow). Off by default: in five same-run A/Bs it lowered the median prompt's speedup by 2 to
+    # 4% while raising copy-heavy ones (docs/BENCHMARKS.md).
+    shadow_drafts: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_cache, bool):

@@ -77,6 +77,11 @@ class Controller(ABC):
         catch_up: context tokens the draft processed first, inside draft_s (a cold draft's prefill);
         draft_class: the class choose_k was given for this step."""
 
+    @property
+    def wants_shadows(self) -> bool:
+        """Whether plain steps should keep shadow drafts aside for observe_shadow. Default: no."""
+        return False
+
     def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
         """A draft made at a plain step and not verified, settled by the tokens emitted since (spekula.shadow):
         how many of its leading tokens would have been accepted. Nothing was run for it. Default: ignored."""
@@ -290,6 +295,13 @@ class AdaptiveK(Controller):
                 self.costs.observe_draft(num_drafted, draft_s)
             self._verified = True
             self._learn(num_drafted, num_accepted, draft_class)
+
+    @property
+    def wants_shadows(self) -> bool:
+        """Until this request has verified a draft of its own: shadows are for the cold start, when a request
+        has no evidence but its match lengths and other requests' rates. Once it verifies drafts, those
+        teach it (in the bench, shadows all along made JSON and prose requests draft where they lost)."""
+        return not self._verified
 
     def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
         """Learnt as a verified draft is (this request's odds, the engine-wide rates of its class): a shadow is

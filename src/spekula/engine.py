@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from spekula.backends.base import Backend, Sequence
-from spekula.config import K_MAX, SamplingParams, SpecConfig, StopConfig
+from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
 from spekula.cost import CostModel, match_length
 from spekula.divergence import ranked
@@ -399,9 +399,12 @@ class Generation:
         """At a plain step, keep aside the draft a free proposer would have made (spekula.shadow)."""
         if proposer is None or not proposer.free_to_draft or not self.engine.spec.shadow_drafts:
             return
-        draft = proposer.propose(committed, K_MAX, self.sampling, None)
+        if not self.controller.wants_shadows:
+            return
+        k_max = self.engine.spec.k_max  # the longest draft the controller could have verified here
+        draft = proposer.propose(committed, k_max, self.sampling, None)
         if len(draft):
-            self._shadow = ShadowDraft(list(draft.tokens[:K_MAX]), draft_class, len(committed))
+            self._shadow = ShadowDraft(list(draft.tokens[:k_max]), draft_class, len(committed))
 
     def _settle_shadow(self, committed_now: list[int]) -> ShadowDraft | None:
         """Score the open shadow draft against the tokens this step committed; once they settle it, the

@@ -214,10 +214,10 @@ def test_parse_spec():
     ):
         with pytest.raises(ConfigError):
             parse_spec(bad, "d", 4)
-    # shadow drafts: on unless the spec turns them off (an A/B of what they are worth, in one run)
-    (dark,) = parse_spec("draft=suffix,k=auto,shadow=off", "d", None)
-    assert dark.name == "suffix k=auto shadow=off" and dark.spec_config().shadow_drafts is False
-    assert parse_spec("draft=suffix,k=auto", "d", None)[0].spec_config().shadow_drafts is True
+    # shadow drafts: off unless the spec turns them on (an A/B of what they are worth, in one run)
+    (lit,) = parse_spec("draft=suffix,k=auto,shadow=on", "d", None)
+    assert lit.name == "suffix k=auto shadow=on" and lit.spec_config().shadow_drafts is True
+    assert parse_spec("draft=suffix,k=auto", "d", None)[0].spec_config().shadow_drafts is False
     with pytest.raises(ConfigError, match="on or off"):
         parse_spec("draft=suffix,shadow=no", "d", None)
     # a draft model's confidence threshold: from the spec, else from --draft-confidence; never for n-gram lookup

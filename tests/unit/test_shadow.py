@@ -72,7 +72,7 @@ def test_shadows_are_scored_against_what_the_target_emitted_and_leave_the_output
     assert plain.token_ids == SCRIPT
     outcomes = set()
     for factory in (SuffixFactory(), NgramFactory(4, 1)):
-        engine = Engine(target, factory, SpecConfig(k=None, k_max=16))
+        engine = Engine(target, factory, SpecConfig(k=None, k_max=16, shadow_drafts=True))
         engine.costs = compute_bound()  # no draft pays here, so every step is plain: shadows all along
         trace = ListTrace()
         g = engine.generate(PROMPT, SamplingParams(), stop, trace).run()
@@ -91,19 +91,21 @@ def test_shadows_are_scored_against_what_the_target_emitted_and_leave_the_output
     assert outcomes == {True, False}  # both kinds settled: a draft the target followed, one it did not
 
 
-def test_no_shadow_where_the_spec_turns_them_off():
-    engine = Engine(copying_target(), SuffixFactory(), SpecConfig(k=None, k_max=16, shadow_drafts=False))
-    engine.costs = llamacpp_like()
+def test_no_shadow_unless_the_spec_turns_them_on():
+    assert SpecConfig().shadow_drafts is False
+    engine = Engine(copying_target(), SuffixFactory(), SpecConfig(k=None, k_max=16))
+    engine.costs = compute_bound()  # every step plain, as where shadows are kept when on
     trace = ListTrace()
     engine.generate(PROMPT, SamplingParams(), StopConfig(max_tokens=len(SCRIPT)), trace).run()
-    assert any(r.k == 0 and r.draft_class != "no draft" for r in trace.steps)  # plain steps with a match ...
+    long_matches = [r for r in trace.steps if r.k == 0 and (match_length(r.draft_class) or 0) >= SHADOW_MIN_MATCH]
+    assert long_matches  # plain steps with a long match in hand ...
     assert all(r.shadow is None for r in trace.steps)  # ... and not one shadow
 
 
 def test_a_draft_model_is_never_asked_for_a_shadow():
     target = random_table_backend(40, seed=0, order=2)
     draft = random_table_backend(40, seed=99, order=2)  # a poor draft: mostly plain steps
-    engine = Engine(target, DraftModelFactory(draft), SpecConfig(k=None, k_max=6))
+    engine = Engine(target, DraftModelFactory(draft), SpecConfig(k=None, k_max=6, shadow_drafts=True))
     engine.costs = llamacpp_like()
     trace = ListTrace()
     draft.passes = 0
@@ -131,3 +133,20 @@ def test_shadow_evidence_leaves_a_request_its_first_probe():
         ctl.observe_shadow(16, 0, "suffix-16+")
     assert ctl.choose_k(100, 0, "suffix-16+") == 1 and ctl.reason.startswith("probe")
     assert ctl.choose_k(100, 0, "suffix-16+") == 0  # one probe, then the clock: the shadows were evidence
+
+
+def test_shadows_are_for_the_cold_start_only():
+    ctl = AdaptiveK(llamacpp_like(), k_max=16)
+    assert ctl.wants_shadows
+    ctl.observe_shadow(5, 5, "suffix-4..7")
+    assert ctl.wants_shadows  # watching is not verifying
+    ctl.observe(2, 2, 1, 0.0, 0.062, 0, "suffix-4..7")
+    assert not ctl.wants_shadows  # its own verified drafts teach it from now on
+    engine = Engine(copying_target(), SuffixFactory(), SpecConfig(k=None, k_max=16, shadow_drafts=True))
+    # a 2-row pass 1.8x a 1-row one, each row after 0.8x: a 4-token match alone does not pay, proven copying does
+    engine.costs = CostModel(target_s={n: 0.033 * (1 + 0.8 * (n - 1)) for n in range(1, 18)}, frozen=True)
+    trace = ListTrace()
+    engine.generate(PROMPT, SamplingParams(), StopConfig(max_tokens=len(SCRIPT)), trace).run()
+    first_verified = next(r.position for r in trace.steps if r.drafted)
+    assert any(r.shadow is not None for r in trace.steps)  # the cold start had them
+    assert all(r.shadow["position"] < first_verified for r in trace.steps if r.shadow is not None)

@@ -24,7 +24,7 @@ SPEC_HELP = (
     "a configuration to measure against plain decoding, as KEY=VALUE pairs: draft=MODEL|ngram|suffix, "
     "k=N (k=2/4/8 measures several), k_max=N (k=auto's longest draft), ngram_max=, ngram_min=, "
     "confidence=P (a draft model stops its draft at a token it gives < P), shadow=on|off (the controller learns "
-    "from shadow drafts at plain steps, default on), backend=native|transformers|llamacpp "
+    "from shadow drafts at a new request's plain steps, default off), backend=native|transformers|llamacpp "
     "(this configuration's target runs on that runtime, loaded once more), loop=llama-cpp-python "
     "(llama-cpp-python's own plain decoding of the target's GGUF, not spekula's engine; draft=none implied), "
     "name=LABEL; keys not given take "

@@ -55,7 +55,7 @@ class SpecChoice:
     k_max: int = K_MAX  # k=auto's longest draft (SpecConfig)
     backend: str | None = None  # a runtime name (spekula.backends.BACKENDS)
     loop: str = SPEKULA_LOOP  # whose generation loop decodes (spekula.bench.reference.LOOPS)
-    shadow: bool = True  # SpecConfig.shadow_drafts: off, to measure what shadow drafts are worth in one run
+    shadow: bool = False  # SpecConfig.shadow_drafts: on, to measure what shadow drafts are worth in one run
 
     def __post_init__(self) -> None:
         from spekula.backends import BACKENDS, LLAMACPP
@@ -115,8 +115,8 @@ class SpecChoice:
             extra += f" k_max={self.k_max}"
         if self.confidence is not None:
             extra += f" conf={self.confidence:g}"
-        if not self.shadow:
-            extra += " shadow=off"
+        if self.shadow:
+            extra += " shadow=on"
         return f"{short} k={self.k_text}{extra}{on}"
 
     def spec_config(self, prompt_cache: bool = True) -> SpecConfig:
@@ -220,7 +220,7 @@ def parse_spec(
         raise ConfigError(
             f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them"
         )
-    shadow = fields.get("shadow", "on")
+    shadow = fields.get("shadow", "off")
     if shadow not in SHADOW_VALUES:
         raise ConfigError(f"bad --spec {text!r}: shadow takes on or off, got {shadow!r}")
     label = fields.get("name")
