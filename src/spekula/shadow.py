@@ -16,6 +16,13 @@ the acceptance. Once the draft is settled (a token differs, or all of them match
 it as it learns a verified draft (Controller.observe_shadow): nothing is verified, so the pass costs and
 output are untouched. One shadow is open at a time, so overlapping drafts of one stretch do not count the
 same tokens twice.
+
+Where (engine.Generation._open_shadow): only with SpecConfig.shadow_drafts (off by default), only after a
+match of SHADOW_MIN_MATCH tokens or more, and only while the request has verified no draft of its own
+(Controller.wants_shadows): the cold start. Measured (docs/BENCHMARKS.md, `spekula bench --spec
+draft=suffix,k=auto,shadow=on` beside the default, six runs): whole-run tokens/s equal or up to 1.5%
+higher, copy-heavy categories up, but the median prompt's speedup 2 to 4% lower in five of the six (an
+A/A of two identical contenders moved it 1.8%), so it stays opt-in until that is understood.
 """
 
 from __future__ import annotations
