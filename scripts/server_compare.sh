@@ -38,7 +38,8 @@
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
 #   BASELINE_HUGE_PAGES [1] 1: llama_cpp.server starts with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the 2 MiB pages
 #                       `spekula serve` gives itself (spekula.hugepages), so both sides decode on the same page
-#                       size; 0: llama_cpp.server as a user starts it (where THP is "madvise": ~5% slower passes)
+#                       size; 0: llama_cpp.server as a user starts it (where THP is "madvise": one-token
+#                       passes 6 to 8% slower here)
 #   BASELINE_SERVE_ARGS [unset] when set (even to "-"), the baseline is a second `spekula serve` with these options
 #                       in place of llama_cpp.server (on LLAMA_PORT): an A/B of two settings, same method
 # With DRAFT=suffix, spekula serve drafts from its earlier answers, and every concurrency sends the same prompts

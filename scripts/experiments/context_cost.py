@@ -15,6 +15,10 @@ Python outside llama_decode costs spekula 0.15 ms a pass; both contexts reuse th
 n_reused 31 of 32); kv_unified off and n_gpu_layers 0 changed nothing. So the model loaded later in a process
 runs ~3% faster, whichever it is (why, this does not find); `spekula bench` loads spekula's first, which hands
 llama-cpp-python's loop that ~3% (its time per token there is 1.02x to 1.04x below spekula plain's on the same passes).
+
+Found the next session: it is the page size. With GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (the weights on 2 MiB
+pages, as the `spekula` program now runs: spekula.hugepages), 28.70 against 28.57 and 28.45 against 28.41 ms
+with spekula's model loaded first, 28.97 against 28.94 and 29.83 against 29.53 with llama-cpp-python's first.
 """
 
 import statistics

@@ -1,13 +1,14 @@
 """Does llama.cpp decode faster with its weights on 2 MiB pages? llama-cpp-python's passes over the same GGUF in
 fresh processes, alternately without and with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what `spekula` gives
-itself: spekula.hugepages), ms per pass of S tokens after a 96-token prompt (median of 12 blocks for S = 1, 5
+itself: spekula.hugepages), ms per pass of S tokens after an 81-token prompt (median of 12 blocks for S = 1, 5
 for wider), and how much of the process's anonymous memory sat on huge pages.
 
     .venv/bin/python scripts/experiments/huge_pages.py [PAIRS] [MODEL]   # ~20 s a process with the 1.5B
 
-2026-12-01 (AVX-512 machine, Linux 6.18, THP "madvise"), Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, three pairs
-(4 KiB against 2 MiB pages): S=1 33.7/31.7, 32.1/29.0, 32.7/31.7 ms; S=4 65.9/63.8, 65.1/62.5, 66.8/63.7;
-S=16 123.1/118.5, 121.7/117.9, 123.6/118.5; 1.29 GB of huge pages with the tunable, none without.
+2026-12-01 (AVX-512 machine, Linux 6.18, THP "madvise"), Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, `huge_pages.py 5`
+(4 KiB against 2 MiB pages): S=1 30.0/27.6, 29.6/27.4, 29.7/27.7, 28.1/26.4, 28.3/26.7 ms (6 to 8% faster in
+every pair); S=4 64.4/70.2, 71.8/68.1, 74.9/68.9, 71.1/68.3, 71.3/68.2; S=16 120.1/137.2, 137.1/134.4,
+139.0/133.6, 136.2/131.2, 135.1/132.6; 1.30 GB of huge pages with the tunable, none without.
 """
 
 import os

@@ -112,7 +112,7 @@ class SpecConfig:
     # At a plain step of a request that has verified nothing yet, score the draft a free proposer (suffix,
     # n-gram) would have made against the tokens emitted next, so the controller learns from it
     # (spekula.shadow). Off by default: in five of six same-run A/Bs it lowered the median prompt's speedup
-    # by 2 to 4% while raising copy-heavy ones (docs/BENCHMARKS.md).
+    # by 1.6 to 5% while raising copy-heavy ones (docs/BENCHMARKS.md).
     shadow_drafts: bool = False
 
     def __post_init__(self) -> None:

@@ -230,7 +230,7 @@ class Generation:
             k, reason = budget - 1, f"{reason}; k={budget - 1}: {budget} tokens left"
         t0 = time.perf_counter()
         draft = self._draft(proposer, committed, k)
-        if k == 0 and self._shadow is None and (match_length(draft_class) or 0) >= SHADOW_MIN_MATCH:
+        if k == 0:
             self._open_shadow(proposer, committed, draft_class)
         return PlannedStep(
             self.target_sequence,
@@ -257,7 +257,7 @@ class Generation:
         t3 = time.perf_counter()
         emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
         t4 = time.perf_counter()
-        shadow = self._settle_shadow(self._committed[step.position :])
+        shadow = self._settle_shadow(step.position)
 
         controller.observe(
             k,
@@ -283,10 +283,18 @@ class Generation:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
             self.recorder.step(
                 _step_record(
-                    self._step, step, logits, p, verdict, emitted, self.sampling, timings, controller.predicted_speedup,
+                    self._step,
+                    step,
+                    logits,
+                    p,
+                    verdict,
+                    emitted,
+                    self.sampling,
+                    timings,
+                    controller.predicted_speedup,
                     shadow,
                 )
-            )  # fmt: skip
+            )
         self._step += 1
         return emitted
 
@@ -396,21 +404,24 @@ class Generation:
         return draft
 
     def _open_shadow(self, proposer: Proposer | None, committed: list[int], draft_class: str | None) -> None:
-        """At a plain step, keep aside the draft a free proposer would have made (spekula.shadow)."""
-        if proposer is None or not proposer.free_to_draft or not self.engine.spec.shadow_drafts:
+        """At a plain step, keep aside the draft a free proposer would have made (spekula.shadow). The cheap
+        checks first: with shadow drafts off (the default) a plain step pays one attribute read."""
+        if not self.engine.spec.shadow_drafts or self._shadow is not None or proposer is None:
             return
-        if not self.controller.wants_shadows:
+        if not proposer.free_to_draft or not self.controller.wants_shadows:
+            return
+        if (match_length(draft_class) or 0) < SHADOW_MIN_MATCH:
             return
         k_max = self.engine.spec.k_max  # the longest draft the controller could have verified here
         draft = proposer.propose(committed, k_max, self.sampling, None)
         if len(draft):
             self._shadow = ShadowDraft(list(draft.tokens[:k_max]), draft_class, len(committed))
 
-    def _settle_shadow(self, committed_now: list[int]) -> ShadowDraft | None:
-        """Score the open shadow draft against the tokens this step committed; once they settle it, the
-        controller learns it and it is returned (for the step record)."""
+    def _settle_shadow(self, position: int) -> ShadowDraft | None:
+        """Score the open shadow draft against the tokens this step committed (from `position` on); once
+        they settle it, the controller learns it and it is returned (for the step record)."""
         shadow = self._shadow
-        if shadow is None or not shadow.feed(committed_now):
+        if shadow is None or not shadow.feed(self._committed[position:]):
             return None
         self._shadow = None
         self.controller.observe_shadow(len(shadow.tokens), shadow.accepted, shadow.draft_class)

@@ -3,10 +3,10 @@
 A decoding pass streams every weight once (about 1 GB for a 1.5B Q4_K_M), so on 4 KiB pages it also walks
 about 300,000 page-table entries; on transparent huge pages (THP) it walks 512 times fewer. Measured on a
 2-core EPYC (AVX-512, Linux 6.18, THP "madvise"), llama-cpp-python's one-token pass on Qwen2.5-Coder-1.5B
-Q4_K_M took 29.0 to 31.7 ms with huge pages against 32.1 to 33.7 ms without (three process pairs, ~6%);
-docs/BENCHMARKS.md has the figures. With huge pages, two models in one process also run their passes at the
-same speed whichever was loaded first; on 4 KiB pages the model loaded later ran up to 5% faster
-(scripts/experiments/context_cost.py), which skewed in-process comparisons.
+Q4_K_M took 26.4 to 27.7 ms with huge pages against 28.1 to 30.0 ms without (five process pairs, 6 to 8%;
+scripts/experiments/huge_pages.py, docs/BENCHMARKS.md). With huge pages, two models in one process also run
+their passes at the same speed whichever was loaded first; on 4 KiB pages the model loaded later ran up to
+5% faster (scripts/experiments/context_cost.py), which skewed in-process comparisons.
 
 Where THP is "always", every large allocation already gets huge pages; where it is "madvise" (Ubuntu's and
 this machine's default), memory gets them only when asked with madvise(MADV_HUGEPAGE). llama.cpp does not

@@ -3,8 +3,8 @@
 A controller learns a draft class's acceptance only from drafts it verifies, and it verifies only where it
 already expects them to pay. So a class whose prior is pessimistic is never tried and never learnt: on
 llama.cpp, where a 4-row pass costs over twice a one-row pass, a fresh process decoded a code edit that
-re-emits its prompt line by line with k = 0 on 163 of 172 steps, every one of them with a suffix match of
-1 to 15 tokens in hand (`spekula generate --draft suffix --trace`, docs/BENCHMARKS.md).
+re-emits its prompt line by line with k = 0 on 163 of 172 steps, 155 of them with a suffix match in hand
+(96 of 4 tokens or more; `spekula generate --chat --draft suffix --trace`, docs/BENCHMARKS.md).
 
 A model-free proposer (suffix or n-gram lookup: Proposer.free_to_draft) drafts in microseconds, so at a
 plain step the engine asks it for the draft it would have made anyway and keeps it aside. The tokens the
@@ -20,8 +20,8 @@ same tokens twice.
 Where (engine.Generation._open_shadow): only with SpecConfig.shadow_drafts (off by default), only after a
 match of SHADOW_MIN_MATCH tokens or more, and only while the request has verified no draft of its own
 (Controller.wants_shadows): the cold start. Measured (docs/BENCHMARKS.md, `spekula bench --spec
-draft=suffix,k=auto,shadow=on` beside the default, six runs): whole-run tokens/s equal or up to 1.5%
-higher, copy-heavy categories up, but the median prompt's speedup 2 to 4% lower in five of the six (an
+draft=suffix,k=auto,shadow=on` beside the default, six runs): whole-run tokens/s within -1.1% and +1.4%,
+copy-heavy categories mostly up, but the median prompt's speedup 1.6 to 5% lower in five of the six (an
 A/A of two identical contenders moved it 1.8%), so it stays opt-in until that is understood.
 """
 

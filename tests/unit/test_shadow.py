@@ -3,10 +3,10 @@ teaches the controller without a verify pass and without touching the output."""
 
 import torch
 
+from costkit import compute_bound, llamacpp_avx512
+
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK
-from costkit import compute_bound
-
 from spekula.cost import CostModel, base_acceptance, match_length
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
@@ -27,13 +27,8 @@ def test_a_shadow_settles_at_its_first_differing_token_or_when_every_token_match
     assert ShadowDraft([4], "suffix-1", 0).feed([3])
 
 
-def llamacpp_like() -> CostModel:  # this machine's llama.cpp: a 2-row pass 1.5x a 1-row one, 16 rows 4.4x
-    ms = {1: 33, 2: 50, 3: 62, 4: 75, 5: 93, 8: 131, 9: 141, 12: 155, 13: 162, 16: 146, 17: 177}
-    return CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)
-
-
 def test_shadows_that_pass_make_a_class_the_prior_would_not_try_pay():
-    costs = llamacpp_like()
+    costs = llamacpp_avx512()
     ctl = AdaptiveK(costs, k_max=16)
     assert ctl.choose_k(100, 0, "suffix-2..3") == 0  # its match length alone does not pay: not even a probe
     assert ctl.reason.startswith("plain")
@@ -42,7 +37,7 @@ def test_shadows_that_pass_make_a_class_the_prior_would_not_try_pay():
     assert ctl.choose_k(100, 0, "suffix-2..3") >= 2 and ctl.reason.startswith("speculate")
     # the engine-wide rates of the class learnt it too (slowly): a new request starts from them
     assert costs.prior_acceptance("suffix-2..3")[0] > base_acceptance("suffix-2..3")[0] + 0.1
-    failing = AdaptiveK(llamacpp_like(), k_max=16)
+    failing = AdaptiveK(llamacpp_avx512(), k_max=16)
     for _ in range(3):
         failing.observe_shadow(3, 0, "suffix-2..3")
     assert failing.choose_k(100, 0, "suffix-2..3") == 0 and failing.acceptance("suffix-2..3")[0] < 0.3
@@ -106,7 +101,7 @@ def test_a_draft_model_is_never_asked_for_a_shadow():
     target = random_table_backend(40, seed=0, order=2)
     draft = random_table_backend(40, seed=99, order=2)  # a poor draft: mostly plain steps
     engine = Engine(target, DraftModelFactory(draft), SpecConfig(k=None, k_max=6, shadow_drafts=True))
-    engine.costs = llamacpp_like()
+    engine.costs = llamacpp_avx512()
     trace = ListTrace()
     draft.passes = 0
     g = engine.generate([1, 2, 3], SamplingParams(), StopConfig(max_tokens=40), trace).run()
@@ -116,7 +111,7 @@ def test_a_draft_model_is_never_asked_for_a_shadow():
 
 
 def test_only_a_shadow_as_long_as_the_slow_start_cap_doubles_it():
-    ctl = AdaptiveK(llamacpp_like(), k_max=16)
+    ctl = AdaptiveK(llamacpp_avx512(), k_max=16)
     cap = ctl.k_cap
     for _ in range(4):  # short matching shadows: common in prose, no proof that a long draft would pass
         ctl.observe_shadow(1, 1, "suffix-1")
@@ -128,7 +123,7 @@ def test_only_a_shadow_as_long_as_the_slow_start_cap_doubles_it():
 def test_shadow_evidence_leaves_a_request_its_first_probe():
     # shadows that failed make drafting look bad; a request that has verified nothing still probes at its
     # first draft whose match length alone would pay, as a new request does (control.AdaptiveK._probe_due)
-    ctl = AdaptiveK(llamacpp_like(), k_max=16)
+    ctl = AdaptiveK(llamacpp_avx512(), k_max=16)
     for _ in range(8):
         ctl.observe_shadow(16, 0, "suffix-16+")
     assert ctl.choose_k(100, 0, "suffix-16+") == 1 and ctl.reason.startswith("probe")
@@ -136,7 +131,7 @@ def test_shadow_evidence_leaves_a_request_its_first_probe():
 
 
 def test_shadows_are_for_the_cold_start_only():
-    ctl = AdaptiveK(llamacpp_like(), k_max=16)
+    ctl = AdaptiveK(llamacpp_avx512(), k_max=16)
     assert ctl.wants_shadows
     ctl.observe_shadow(5, 5, "suffix-4..7")
     assert ctl.wants_shadows  # watching is not verifying

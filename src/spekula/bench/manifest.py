@@ -93,26 +93,25 @@ def machine() -> dict[str, Any]:
 KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
-def cpu_flags() -> list[str]:
-    """Which of KERNEL_FLAGS /proc/cpuinfo lists ([] off Linux)."""
+def cpuinfo(field: str) -> str | None:
+    """The first value /proc/cpuinfo gives `field` ("model name", "flags"); None off Linux."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                present = set(line.split(":", 1)[1].split())
-                return [flag for flag in KERNEL_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_flags() -> list[str]:
+    """Which of KERNEL_FLAGS /proc/cpuinfo lists ([] off Linux)."""
+    present = set((cpuinfo("flags") or "").split())
+    return [flag for flag in KERNEL_FLAGS if flag in present]
+
+
+def cpu_model() -> str:
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def packages() -> dict[str, str | None]:

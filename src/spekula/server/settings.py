@@ -45,7 +45,7 @@ class ServerSettings:
                 raise ConfigError(f"{_flag(name)} must be an integer >= {low}, got {value!r}")
         share = self.prefill_share
         if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
-            raise ConfigError(f"--prefill-share must be a fraction in (0, 1], got {share!r}")
+            raise ConfigError(f"{_flag('prefill_share')} must be a fraction in (0, 1], got {share!r}")
         if self.port > 65535:
             raise ConfigError(f"--port must be at most 65535, got {self.port}")
         if self.default_max_tokens > self.max_tokens_limit:
