@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spekula.config import K_MAX
-from spekula.cost import POSITIONS, CostModel, base_acceptance
+from spekula.cost import POSITIONS, CostModel, after_edit, base_acceptance
 from spekula.proposers.base import NO_DRAFT
 
 
@@ -240,6 +240,10 @@ class AdaptiveK(Controller):
         other more than a class's rates do (a JSON extraction copies its prompt after a 1-token
         match far more often than a chat reply does), and one factor for all of a request's
         classes learns that from every draft it has verified, whichever class they were."""
+        if after_edit(draft_class):
+            # the proposer found its place again after an edit: the rejections this request's edits cost say
+            # nothing of the copy it realigned on
+            return self.costs.prior_acceptance(draft_class)
         w = self.prior_weight
         accepted_odds = (self._accepted + w) / (self._expected_accepted + w)
         odds = accepted_odds / ((self._rejected + w) / (self._expected_rejected + w))

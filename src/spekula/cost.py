@@ -53,13 +53,19 @@ RECALIBRATE_GAP = 256
 @functools.lru_cache(maxsize=1024)  # called for every class at every step (CostModel.tick)
 def match_length(draft_class: str | None) -> int | None:
     """The matched length a model-free proposer's draft class names (n-gram lookup: "4-gram" -> 4; suffix
-    lookup: "suffix-8..15" -> 8, the bucket's shortest), or None for a class that names none."""
+    lookup: "suffix-8..15" -> 8, the bucket's shortest; after an edit, "resync-2..3" -> 2, the tokens the copy
+    cursor realigned on), or None for a class that names none."""
     if draft_class is None:
         return None
-    found = re.fullmatch(r"(\d+)-gram|suffix-(\d+)(?:\.\.\d+|\+)?", draft_class)
+    found = re.fullmatch(r"(\d+)-gram|(?:suffix|resync)-(\d+)(?:\.\.\d+|\+)?", draft_class)
     if found is None:
         return None
     return int(found.group(1) or found.group(2))
+
+
+def after_edit(draft_class: str | None) -> bool:
+    """A draft that follows a copied text again after an edit (suffix lookup's copy cursor: "resync-N")."""
+    return draft_class is not None and draft_class.startswith("resync-")
 
 
 def base_acceptance(draft_class: str | None) -> list[float] | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,6 +43,12 @@ class Engine:
     ) -> None:
         self.target = target
         self.proposer = proposer
+        width = target.single_pass_width()
+        if spec.k is None and width is not None and width - 1 < spec.k_max:
+            # k=auto drafts at most what one pass verifies: a wider block would be scored in several passes
+            # one after another, all of them paid even when its first token is rejected, while shorter
+            # steps stop there and draft again from what was accepted.
+            spec = replace(spec, k_max=max(1, width - 1))
         self.spec = spec
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
         self.prompt_cache = PromptCache(target, enabled=spec.prompt_cache)  # this engine's requests only

@@ -63,8 +63,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="llama.cpp: score a block of tokens bit for bit as one token at a time, so greedy speculative output "
-        "equals plain decoding (without it, near-ties in the target's top two logits can flip). Costs throughput: "
-        "no repacked weights, flash attention, wide blocks scored in pieces; measured cost in docs/BENCHMARKS.md "
+        "equals plain decoding in this mode (without it, near-ties in the target's top two logits can flip): flash "
+        "attention, a Q8_0 K cache (llama.cpp's -fa on -ctk q8_0), blocks of at most 3 tokens a pass. Plain "
+        "decoding costs what it does without it; speculation gains less (k=auto drafts 2 tokens a step), and a "
+        "server gives each request its own context (no batching); measured in docs/BENCHMARKS.md "
         "(default: off; the other runtimes need no such flag)",
     )
     p.add_argument(

@@ -26,6 +26,39 @@ def test_parse_spec_takes_a_backend():
         parse_spec("draft=none,backend=cuda", "qwen", None)
 
 
+def test_parse_spec_takes_exact():
+    (exact,) = parse_spec("draft=suffix,exact=on", "qwen", None)
+    assert exact.exact is True and exact.name == "suffix k=auto exact=on" and exact.to_dict()["exact"] is True
+    assert parse_spec("draft=none,exact=off", "qwen", None)[0].name == "plain exact=off"
+    assert parse_spec("draft=suffix", "qwen", None)[0].exact is None  # the run's --exact
+    with pytest.raises(ConfigError, match="exact takes on or off"):
+        parse_spec("draft=suffix,exact=yes", "qwen", None)
+    with pytest.raises(ConfigError, match="exact"):
+        parse_spec("loop=llama-cpp-python,exact=on", "qwen", None)
+
+
+def test_exact_contenders_pair_with_plain_decoding_in_the_same_mode(tmp_path):
+    """exact=on loads the target once more in exact mode (another table here); its speculative contender
+    is compared for identity with plain decoding in exact mode, not with the run's plain decoding."""
+    own, exact_target = table(0), table(1)
+
+    def load_runtime(runtime, exact):
+        assert (runtime, exact) == (None, True)
+        return exact_target, lambda name: table(1)
+
+    choices = [SpecChoice("none", 0, exact=True), SpecChoice("ngram", 3, exact=True)]
+    contenders = build_contenders(own, ByteCodec(), choices, None, load_runtime)
+    assert [c.name for c in contenders] == ["plain", "plain exact=on", "ngram k=3 exact=on"]
+    assert [c.pipeline.target for c in contenders] == [own, exact_target, exact_target]
+    items = load_workload(write_jsonl(tmp_path / "mine.jsonl", UNSEEN))
+    results = run_inprocess(contenders, ByteCodec(), items, max_tokens=12, progress=False)
+    by = {(r.config, r.prompt_id): r for r in results}
+    for item in items:
+        exact_plain, spec = by[("plain exact=on", item.id)], by[("ngram k=3 exact=on", item.id)]
+        assert exact_plain.token_ids != by[("plain", item.id)].token_ids  # it ran on the other target
+        assert spec.token_ids == exact_plain.token_ids and spec.identical is True
+
+
 def test_a_backend_choice_without_a_runtime_loader_is_refused():
     with pytest.raises(ConfigError, match="backend=native"):
         build_contenders(table(0), ByteCodec(), [SpecChoice("none", 0, backend="native")], None)
@@ -38,8 +71,9 @@ def test_two_runtimes_in_one_run(tmp_path):
     own, other = table(0), table(1)
     loads: list[str] = []
 
-    def load_runtime(runtime):
+    def load_runtime(runtime, exact):
         loads.append(runtime)
+        assert exact is None
         return {"native": other}[runtime], lambda name: {"same-other": table(1)}[name]
 
     choices = [
@@ -85,12 +119,16 @@ def test_draft_loader_loads_each_runtime_once_and_shares_the_runs_own(monkeypatc
         "t", target, ByteCodec(), run_config, draft_config=lambda name, on: BackendConfig(runtime=on.runtime)
     )
     assert loader.runtime("llamacpp")[0] is target  # the run's own runtime: no second load
+    assert loader.runtime(None, False)[0] is target  # the run's own runtime and mode
     native, drafts_native = loader.runtime("native")
     assert loader.runtime("native")[0] is native
     assert native.name == "t@native" and loaded == [("t", "native", "float32")]
     drafts_native("d")
     loader("d")  # the run's own drafts run beside the llama.cpp target
     assert loaded[1:] == [("d", "native", "float32"), ("d", "llamacpp", "float32")]
+    exact = loader.runtime(None, True)[0]  # the run's runtime in exact mode: a second load
+    assert exact.name == "t@llamacpp" and loaded[-1] == ("t", "llamacpp", "float32")
+    assert loader.runtime("llamacpp", True)[0] is exact
     bf16 = DraftLoader("t", target, ByteCodec(), BackendConfig(dtype="bfloat16", runtime="native"))
     bf16.runtime("llamacpp")  # llama.cpp computes in the GGUF's own types: float32 is its placeholder
     assert loaded[-1] == ("t", "llamacpp", "float32")

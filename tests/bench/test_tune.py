@@ -88,7 +88,7 @@ def run_two_runtimes(tmp_path, workload, own_work, other_work):
 
     other = table(0, work=other_work, name="table-0@native")
 
-    def load_runtime(runtime):
+    def load_runtime(runtime, exact=None):
         assert runtime == "native"
         return other, lambda name: table(0)
 
@@ -137,7 +137,7 @@ def test_cli_sweeps_the_runtimes_it_is_given_and_emits(tmp_path, unseen_workload
 
     def fake_load(args, choices):
         swept.extend(c.name for c in choices)
-        contenders = build_contenders(table(0), ByteCodec(), choices, None, lambda runtime: (table(0), None))
+        contenders = build_contenders(table(0), ByteCodec(), choices, None, lambda runtime, exact: (table(0), None))
         return contenders, ByteCodec(), []
 
     monkeypatch.setattr(bench_cli, "load_contenders", fake_load)

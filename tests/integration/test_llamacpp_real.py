@@ -95,6 +95,13 @@ COPY_PROMPT = (  # the answer re-emits the prompt's lines, so n-gram and suffix 
     + "".join(f"item {i}: the {c} box holds {i * 3} apples\n" for i, c in enumerate(["red", "blue", "green", "black"]))
     + "\nitem 0: the red"
 )
+# past position 255 a one-token pass reads 512 KV cells, where llama.cpp's flash attention splits the cells
+# between threads for a single query (and for a single query only)
+LONG_COPY_PROMPT = (
+    "Copy this list exactly:\n"
+    + "".join(f"item {i}: the {c} box holds {i * 3} apples\n" for i, c in enumerate(["red", "blue", "green"] * 10))
+    + "\nitem 0: the red"
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +109,20 @@ def smol_exact():
     return load_model("smollm2-135m", EXACT)
 
 
-def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens():
-    """The 0.5B Q4_K_M GGUF exercises both causes: repacked 4-row weight kernels and batched attention."""
-    target, codec = load_model("qwen2.5-coder-0.5b", EXACT)
+@pytest.fixture(scope="module")
+def qwen_exact():
+    return load_model("qwen2.5-coder-0.5b", EXACT)
+
+
+@pytest.mark.parametrize("prompt", [COPY_PROMPT, LONG_COPY_PROMPT], ids=["short", "past-256"])
+def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens(qwen_exact, prompt):
+    """The 0.5B Q4_K_M GGUF exercises every cause: repacked 4-row weight kernels, batched attention and,
+    past position 255, flash attention's split-KV path for one query."""
+    target, codec = qwen_exact
     assert target.capabilities.block_invariant
-    ids = codec.encode(COPY_PROMPT)
+    assert target.exact_width >= 2  # exact by scoring blocks of several tokens, not one token a pass
+    ids = codec.encode(prompt)
+    assert (len(ids) > 300) == (prompt is LONG_COPY_PROMPT)
     single = target.new_sequence()
     first = single.forward(ids, num_logits=1)[-1]
     generated, rows = [int(first.argmax())], []

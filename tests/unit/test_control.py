@@ -177,6 +177,21 @@ def test_a_requests_own_evidence_carries_across_draft_classes():
     assert costs.prior_acceptance("1-gram") == pytest.approx([0.2] * 4, abs=0.005)
 
 
+def test_a_draft_after_an_edit_is_not_judged_by_the_edits_rejections():
+    """A request that copies a text with edits has a draft rejected at every edit; once the suffix
+    proposer's copy cursor has found its place again ("resync-N"), those rejections say nothing of the copy
+    it realigned on: such a draft expects what its class gets engine-wide, while the request's other
+    classes are marked down."""
+    costs = llamacpp_like()
+    costs.acceptance = {"suffix-8..15": [0.9] * 4, "resync-8..15": [0.9] * 4}
+    ctl = AdaptiveK(costs, k_max=8)
+    for _ in range(3):  # every draft of this request rejected at its first token: edits
+        ctl.observe(4, 4, 0, 0.0, 0.2, draft_class="suffix-8..15")
+    assert ctl.acceptance("suffix-8..15")[0] < 0.6
+    assert ctl.acceptance("resync-8..15") == costs.prior_acceptance("resync-8..15")
+    assert ctl.choose_k(draft_class="resync-8..15") >= 1
+
+
 def test_nothing_to_draft_is_plain_decoding_and_not_a_decision():
     ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4, probe_budget=1.0)
     assert ctl.choose_k(draft_class=NO_DRAFT) == 0 and ctl.predicted_speedup == 1.0
@@ -399,6 +414,7 @@ def test_an_unseen_class_starts_from_its_match_length():
     costs = CostModel(alpha=0.1)  # whatever the engine-wide alpha, a long match is evidence of copying
     assert base_acceptance("8-gram") == pytest.approx([8 / 10, 9 / 11, 10 / 12, 11 / 13])
     assert match_length("suffix-8..15") == 8 and match_length("suffix-16+") == 16 and match_length("suffix-1") == 1
+    assert match_length("resync-2..3") == 2 and match_length("resync-16+") == 16  # after an edit: the realigned run
     assert match_length(None) is None and match_length("draft") is None and base_acceptance(None) is None
     assert costs.prior_acceptance("suffix-16+") == base_acceptance("suffix-16+")
     assert (

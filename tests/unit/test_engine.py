@@ -293,3 +293,20 @@ def test_prompt_longer_than_context():
     t.context_length = 8
     with pytest.raises(ConfigError, match="shorten the prompt"):
         Engine(t).generate(list(range(1, 10)))
+
+
+def test_auto_k_drafts_no_wider_than_one_pass_verifies():
+    """llama.cpp in exact mode scores a block wider than 3 in several passes, all paid even when the first
+    drafted token is rejected: k=auto then drafts at most 2 tokens a step (and re-drafts from what was
+    accepted); a fixed k is the user's and stays."""
+
+    class PiecewiseBackend(FunctionBackend):
+        def single_pass_width(self):
+            return 3
+
+    t = random_table_backend(VOCAB, seed=0, order=2)
+    piecewise = PiecewiseBackend(t.logits_fn, VOCAB, name="piecewise")
+    auto = Engine(piecewise, NgramFactory(4, 1), SpecConfig(k=None, k_max=16))
+    assert auto.spec.k_max == 2 and auto.new_controller().k_max == 2
+    assert Engine(piecewise, NgramFactory(4, 1), SpecConfig(k=8)).spec.k == 8
+    assert Engine(t, NgramFactory(4, 1), SpecConfig(k=None, k_max=16)).spec.k_max == 16  # any width in one pass

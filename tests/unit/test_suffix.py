@@ -166,6 +166,7 @@ def test_no_match_no_draft():
 
 
 def test_draft_class_buckets_the_match_length():
+    assert match_class(3, "resync") == "resync-2..3" and match_class(20, "resync") == "resync-16+"
     assert [match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
         "suffix-1",
         "suffix-2..3",
@@ -183,6 +184,49 @@ def test_draft_class_buckets_the_match_length():
     assert p.match([*text, 7, *text[:20]]).length == 20
     deep = list(range(200, 300))
     assert SuffixProposer(SuffixConfig(max_depth=40)).match([*deep, 7, *deep[:60]]).length == 40
+
+
+def follow(proposer, prompt, output):
+    """Index `output` one committed token at a time, as the engine's steps do; the match after it."""
+    for i in range(len(output) + 1):
+        match = proposer.match(prompt + output[:i])
+    return match
+
+
+SOURCE = list(range(100, 110)) + [50] + list(range(110, 120)) + [50] + list(range(120, 130))  # 50: a name
+
+
+def test_after_an_edit_the_copy_cursor_realigns_and_drafts_the_source():
+    """The output copies the source, replaces one token (50) by two (7, 8), and copies on: once two
+    tokens after the edit are found again in the source, the draft is the source from there, though
+    the suffix match is only 2 tokens long. One token after the edit is not enough."""
+    prompt = [*SOURCE, 99]
+    p = SuffixProposer()
+    one_after = follow(p, prompt, SOURCE[:10] + [7, 8, 110])
+    assert one_after is None or not one_after.resync
+    match = follow(p, prompt, SOURCE[:10] + [7, 8, 110, 111])
+    # the class counts the source tokens the cursor followed: a 4-token match, 6 more, then 2 after the edit
+    assert match.resync and p.draft_class(prompt + SOURCE[:10] + [7, 8, 110, 111]) == "resync-8..15"
+    assert match.tokens[:8] == SOURCE[13:21]
+
+
+def test_an_edit_is_applied_to_the_rest_of_the_copy():
+    """What an edit replaced (50 -> 7, 8) is replaced in later drafts from the cursor too, so the second
+    occurrence of the renamed token is drafted as the output will write it."""
+    prompt = [*SOURCE, 99]
+    p = SuffixProposer()
+    match = follow(p, prompt, SOURCE[:10] + [7, 8] + SOURCE[11:17])
+    assert match.length >= 4 and not match.resync  # a long suffix match again, its text edited
+    assert match.tokens[:6] == SOURCE[17:21] + [7, 8]
+    assert 50 not in match.tokens
+
+
+def test_the_cursor_gives_up_on_text_that_is_not_a_copy():
+    prompt = [*SOURCE, 99]
+    p = SuffixProposer()
+    follow(p, prompt, SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8])
+    assert p._cursor is None  # RESYNC_PATIENCE tokens off the source
+    assert p.match(prompt + SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8, 110, 111]) is None or not p._realigned
 
 
 def test_never_drafts_ids_outside_the_vocabulary():

@@ -81,6 +81,11 @@ class Backend(ABC):
     @abstractmethod
     def new_sequence(self) -> Sequence: ...
 
+    def single_pass_width(self) -> int | None:
+        """The widest block Sequence.forward scores in ONE pass; a wider block is scored in several, one
+        after another (llama.cpp in exact mode). None: any width."""
+        return None
+
     def spare_sequences(self) -> int | None:
         """How many more sequences new_sequence() can open in the pass-sharing pool (llama.cpp: sequence
         ids of the shared context left); None: no such bound (each sequence is memory of its own)."""

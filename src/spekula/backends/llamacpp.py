@@ -11,14 +11,22 @@ output layer for every prompt token); `truncate` removes the sequence's KV cells
 (llama.cpp's memory_seq_rm) and moves the position, so rollback costs nothing.
 
 Exact mode (BackendConfig.exact) makes a token's logits independent of how many tokens share its pass,
-bit for bit, so greedy speculative output equals plain decoding: the weights stay in the GGUF's own
-layout (llama.cpp's repacked 4-row kernels compute a block of 4 or more tokens with another
-accumulation order than one token) and attention runs in llama.cpp's flash-attention kernel (which
-computes each query row alone; the default kernel multiplies a block's queries as a matrix), and a
-block wider than llama.cpp keeps exact is scored in narrower pieces (`_widest_exact_block`). A shared
-context would let other sequences' passes change where a sequence's KV cells lie and so the order
-attention sums them in, so exact mode gives every sequence its own context (no batching). Its cost
-by width is in docs/BENCHMARKS.md.
+bit for bit, so greedy speculative output equals plain decoding in the same mode. Three causes of
+difference are closed:
+- weights: llama.cpp's repacked kernels compute rows in groups of 4 (gemm) and any rows left over one at
+  a time (gemv), with another accumulation order; a block of at most 3 rows goes through gemv like one
+  token, so a block wider than the widest exact width is scored in pieces of that width, each piece
+  reading the KV cache the previous one wrote (`_widest_exact_block` finds the width at load);
+- attention: llama.cpp's flash-attention kernel scores each query row alone (the default kernel
+  multiplies a block's queries as a matrix), so it is on;
+- one query over 512 or more KV cells: flash attention then splits the cells between threads and merges
+  their partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
+  one-token pass past position 255 differs from the same row in a block. Exact mode keeps K in Q8_0
+  (llama-server's `-ctk q8_0`), which that path does not take; plain decoding in exact mode is therefore
+  llama.cpp with `-fa on -ctk q8_0`, and a one-token pass costs what it does by default.
+A shared context would let other sequences' passes change where a sequence's KV cells lie and so the
+order attention sums them in, so exact mode gives every sequence its own context (no batching). Its
+cost is in docs/BENCHMARKS.md.
 
 Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`, `LlamaContext`,
 `LlamaBatch`), pinned to the version in requirements/base.txt.
@@ -42,7 +50,10 @@ from spekula.extras import needs_extra
 from spekula.limits import check_forward
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
-EXACT_WIDTHS = (17, 7, 3)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
+EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
+# Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
+# pass reads 512 KV cells (llama.cpp pads the cells a pass reads to 256) and other kernel paths begin.
+EXACT_CHECK_AT = 300
 # Attention in the shared context. llama.cpp's flash-attention kernel scores each query row alone over
 # its own sequence's cells (it skips the cells its mask hides), so a sequence's attention does not depend
 # on which other sequences share its pass (bit for bit), and its cost does not grow with theirs; the
@@ -87,11 +98,9 @@ class LlamaCppBackend(Backend):
         set_verbose(False)
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
-        params.use_extra_bufts = not self.exact  # weight repacking
-        # Repacked weights are copies: a mapped file would stay resident beside them. Unrepacked, the
-        # mapped file is the weights.
-        if not self.exact:
-            params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        params.use_extra_bufts = True  # weight repacking (exact mode too: see the docstring)
+        # Repacked weights are copies: a mapped file would stay resident beside them.
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
         self.model = LlamaModel(path_model=str(self.gguf_path), params=params, verbose=False)
         self.vocab_size = int(self.model.n_vocab())
         self.eos_token_ids = frozenset({int(self.model.token_eos())})
@@ -123,6 +132,8 @@ class LlamaCppBackend(Backend):
         params.n_seq_max = sequences
         params.kv_unified = True  # one cell pool: a pass over several sequences is one ubatch, whatever their widths
         params.n_threads = params.n_threads_batch = self.threads
+        if self.exact:
+            params.type_k = llama_cpp.GGML_TYPE_Q8_0  # no split-KV path for one query (see the docstring)
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if self.flash_attention
@@ -132,24 +143,38 @@ class LlamaCppBackend(Backend):
         return _Context(ctx, LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False))
 
     def _widest_exact_block(self) -> int:
-        """The widest block (of the widths tried) whose logits equal one-token passes bit for bit.
+        """The widest block (of the widths tried) whose logits equal one-token passes bit for bit, at the
+        start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes).
 
-        With repacking off and flash attention on, a narrow block goes through the same dot products as
-        one token, but llama.cpp (0.3.36's build) picks other kernels from some width on (8 tokens for the
-        catalogue's Q4_K_M GGUFs on AVX2); a block is then scored in pieces of the width found
-        here, each piece reading the KV cache the previous one wrote, so exactness holds for any GGUF.
+        With flash attention on and K in Q8_0, a block of at most 3 tokens goes through the same kernels
+        as one token on the repacked weights of llama.cpp 0.3.36's build (and wider blocks on weights it
+        does not repack); a block is then scored in pieces of the width found here, so exactness holds
+        for any GGUF (at worst one token a pass: exact, and no faster than plain decoding).
         """
         tokens = [(self.vocab_size // 2 + 17 * i) % self.vocab_size for i in range(EXACT_WIDTHS[0])]
+        starts = [0, min(EXACT_CHECK_AT, self.context_length - len(tokens))]
+        filler = [(self.vocab_size // 3 + 7 * i) % self.vocab_size for i in range(EXACT_CHECK_AT)]
         seq = self.new_sequence()
+        widest = EXACT_WIDTHS[0]
         try:
-            single = torch.cat([seq.forward([t]) for t in tokens])
-            for width in EXACT_WIDTHS:
+            for start in (s for s in starts if s >= 0):
                 seq.truncate(0)
-                if torch.equal(seq.forward(tokens[:width]), single[:width]):
-                    return width
-            return 1
+                if start:
+                    seq.forward(filler[:start], num_logits=1)
+                single = torch.cat([seq.forward([t]) for t in tokens])
+                for width in (w for w in EXACT_WIDTHS if w <= widest):
+                    seq.truncate(start)
+                    if torch.equal(seq.forward(tokens[:width]), single[:width]):
+                        break
+                else:
+                    return 1
+                widest = width
+            return widest
         finally:
             seq.release()
+
+    def single_pass_width(self) -> int | None:
+        return self.exact_width if self.exact else None
 
     def new_sequence(self) -> "LlamaCppSequence":
         if self._free_ids:

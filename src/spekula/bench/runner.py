@@ -36,8 +36,10 @@ from spekula.trace import ListTrace
 PLAIN = "plain"
 WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped before any measured one
 RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
-SPEC_KEYS = ("draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "shadow", "backend", "loop", "name")
-SHADOW_VALUES = {"on": True, "off": False}  # shadow=: SpecConfig.shadow_drafts
+SPEC_KEYS = (
+    "draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "shadow", "backend", "exact", "loop", "name"
+)  # fmt: skip
+ON_OFF = {"on": True, "off": False}  # shadow= (SpecConfig.shadow_drafts) and exact= (BackendConfig.exact)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class SpecChoice:
     backend: str | None = None  # a runtime name (spekula.backends.BACKENDS)
     loop: str = SPEKULA_LOOP  # whose generation loop decodes (spekula.bench.reference.LOOPS)
     shadow: bool = False  # SpecConfig.shadow_drafts: on, to measure what shadow drafts are worth in one run
+    exact: bool | None = None  # BackendConfig.exact of this choice's target (None: the run's --exact)
 
     def __post_init__(self) -> None:
         from spekula.backends import BACKENDS, LLAMACPP
@@ -74,6 +77,11 @@ class SpecChoice:
                 raise ConfigError(
                     f"loop={self.loop} runs the target's GGUF on llama.cpp itself; backend={self.backend} does not "
                     "apply (drop it)"
+                )
+            if self.exact is not None:
+                raise ConfigError(
+                    f"loop={self.loop} decodes with llama-cpp-python's own settings; exact= shapes spekula's "
+                    "llama.cpp runtime (drop it)"
                 )
         SpecConfig(
             k=self.k,
@@ -103,6 +111,8 @@ class SpecChoice:
         if self.loop != SPEKULA_LOOP:
             return self.loop
         on = "" if self.backend is None else f" backend={self.backend}"
+        if self.exact is not None:
+            on += f" exact={'on' if self.exact else 'off'}"
         if self.plain:
             return PLAIN + on
         short = self.draft.rstrip("/").rsplit("/", 1)[-1]
@@ -142,6 +152,7 @@ class SpecChoice:
             "backend": self.backend,
             "loop": self.loop,
             "shadow": self.shadow,
+            "exact": self.exact,
         }
 
 
@@ -175,7 +186,8 @@ def parse_spec(
 ) -> list[SpecChoice]:
     """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
     lets the cost model choose). backend=RUNTIME runs this configuration's target on that runtime (one
-    more load of the target), so runtimes are measured interleaved in one run. loop=llama-cpp-python is
+    more load of the target), so runtimes are measured interleaved in one run; exact=on|off likewise loads
+    it with or without --exact's block-invariant passes. loop=llama-cpp-python is
     llama-cpp-python's own plain decoding of the target's GGUF (draft=none implied; any key that shapes
     a draft is refused).
 
@@ -195,10 +207,12 @@ def parse_spec(
         fields[key] = value.strip()
     loop = fields.get("loop", SPEKULA_LOOP)
     if loop != SPEKULA_LOOP:
-        drafting = [key for key in ("k_max", "ngram_max", "ngram_min", "confidence", "shadow") if key in fields]
+        shaping = ("k_max", "ngram_max", "ngram_min", "confidence", "shadow", "exact")
+        drafting = [key for key in shaping if key in fields]
         if drafting:
             raise ConfigError(
-                f"bad --spec {text!r}: loop={loop} decodes plainly; {', '.join(drafting)} shape(s) a draft. Drop them"
+                f"bad --spec {text!r}: loop={loop} decodes plainly with llama-cpp-python's settings; "
+                f"{', '.join(drafting)} shape(s) spekula's drafts or runtime. Drop them"
             )
         if fields.setdefault("draft", NONE) != NONE:
             raise ConfigError(f"bad --spec {text!r}: loop={loop} is {loop}'s own plain decoding: it takes draft=none")
@@ -220,9 +234,11 @@ def parse_spec(
         raise ConfigError(
             f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them"
         )
-    shadow = fields.get("shadow", "off")
-    if shadow not in SHADOW_VALUES:
-        raise ConfigError(f"bad --spec {text!r}: shadow takes on or off, got {shadow!r}")
+    for key in ("shadow", "exact"):
+        if fields.get(key, "off") not in ON_OFF:
+            raise ConfigError(f"bad --spec {text!r}: {key} takes on or off, got {fields[key]!r}")
+    shadow = ON_OFF[fields.get("shadow", "off")]
+    exact = ON_OFF[fields["exact"]] if "exact" in fields else None
     label = fields.get("name")
     backend = fields.get("backend")
     choices = []
@@ -232,7 +248,7 @@ def parse_spec(
             choice = choice_with_defaults(draft, k, nmax, nmin, confidence, name, k_max, backend)
         else:
             choice = SpecChoice(draft, k, nmax, nmin, name, conf, k_max, backend)
-        choice = replace(choice, shadow=SHADOW_VALUES[shadow])
+        choice = replace(choice, shadow=shadow, exact=exact)
         choices.append(replace(choice, loop=loop) if loop != SPEKULA_LOOP else choice)
     return choices
 
@@ -270,8 +286,8 @@ class Contender:
         self.engine.prompt_cache.clear()
 
 
-# runtime name -> (the target on that runtime, a draft loader for a target on that runtime)
-RuntimeLoader = Callable[[str], tuple[Backend, Callable[[str], Backend]]]
+# (runtime name, exact mode; None: the run's) -> (the target so loaded, a draft loader for a target loaded so)
+RuntimeLoader = Callable[[str | None, bool | None], tuple[Backend, Callable[[str], Backend]]]
 
 
 def build_contenders(
@@ -294,11 +310,13 @@ def build_contenders(
     (`--no-prompt-cache`): every contender prefills every prompt whole, llama-cpp-python's loop too."""
 
     def runtime_of(choice: SpecChoice) -> tuple[Backend, Callable[[str], Backend] | None]:
-        if choice.backend is None:
+        if choice.backend is None and choice.exact is None:
             return target, load_draft
         if load_runtime is None:
-            raise ConfigError(f"--spec backend={choice.backend} needs a runner that can load the target again")
-        return load_runtime(choice.backend)
+            keys = [f"backend={choice.backend}"] * (choice.backend is not None)
+            keys += [f"exact={'on' if choice.exact else 'off'}"] * (choice.exact is not None)
+            raise ConfigError(f"--spec {','.join(keys)} needs a runner that can load the target again")
+        return load_runtime(choice.backend, choice.exact)
 
     def plain(choice: SpecChoice) -> Contender:
         on = runtime_of(choice)[0]
@@ -310,6 +328,7 @@ def build_contenders(
         from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
 
         gguf = target if isinstance(target, LlamaCppBackend) else runtime_of(replace(choice, backend=LLAMACPP))[0]
+        # (llama-cpp-python's loop loads the GGUF itself, with its own settings: exact mode does not reach it)
         return ReferenceContender(choice, LlamaCppPythonLoop(LlamaSettings.of(gguf), codec, prompt_cache))
 
     out: list[Contender | ReferenceContender] = [plain(PLAIN_CHOICE)]
@@ -361,13 +380,16 @@ class DraftLoader:
     def __call__(self, name: str) -> Backend:
         return self.draft(name, self.config)
 
-    def runtime(self, runtime: str) -> tuple[Backend, Callable[[str], Backend]]:
-        """The target on `runtime` (the run's own when it runs there already), and its draft loader.
-        llama.cpp computes in the GGUF's own types, so it gets dtype float32 (a placeholder)."""
+    def runtime(self, runtime: str | None, exact: bool | None = None) -> tuple[Backend, Callable[[str], Backend]]:
+        """The target on `runtime` (None: the run's own), in exact mode or not (None: as the run), and its
+        draft loader; the run's own target when that is what it asks for. llama.cpp computes in the GGUF's
+        own types, so it gets dtype float32 (a placeholder)."""
         from spekula.backends import LLAMACPP
 
+        runtime = runtime or self.config.runtime
         dtype = "float32" if runtime == LLAMACPP else self.config.dtype
-        config = replace(self.config, runtime=runtime, dtype=dtype)
+        exact = self.config.exact if exact is None else exact
+        config = replace(self.config, runtime=runtime, dtype=dtype, exact=exact)
         key = (self.target_name, config)
         if key not in self.loaded:
             from spekula.pipeline import load_model
@@ -534,11 +556,15 @@ def identity_on_own_runtime(results: list[RequestResult], contenders: list[Conte
     backend=, with the run's plain contender on that runtime where there is one, whatever the baseline
     (llama-cpp-python's loop is not a speculative contender's reference for losslessness). Plain
     contenders compare with the baseline; speed always compares with the baseline."""
-    plain_on: dict[str | None, str] = {None: PLAIN}
+
+    def runtime(c: Contender | ReferenceContender) -> tuple[str | None, bool | None]:
+        return c.choice.backend, c.choice.exact
+
+    plain_on: dict[tuple[str | None, bool | None], str] = {(None, None): PLAIN}
     for c in contenders:
-        if c.plain and c.choice.backend is not None and c.choice.loop == SPEKULA_LOOP:
-            plain_on.setdefault(c.choice.backend, c.name)
-    base_of = {c.name: plain_on.get(c.choice.backend) for c in contenders if not c.plain}
+        if c.plain and runtime(c) != (None, None) and c.choice.loop == SPEKULA_LOOP:
+            plain_on.setdefault(runtime(c), c.name)
+    base_of = {c.name: plain_on.get(runtime(c)) for c in contenders if not c.plain}
     by_key = {(r.config, r.prompt_id, r.repeat): r for r in results if r.ok}
     for r in results:
         b = by_key.get((base_of.get(r.config), r.prompt_id, r.repeat))
