@@ -221,6 +221,20 @@ def test_an_edit_is_applied_to_the_rest_of_the_copy():
     assert 50 not in match.tokens
 
 
+def test_a_request_remembers_a_bounded_number_of_substitutions():
+    """Each draft from the cursor tries every remembered substitution, so a long edited copy keeps the
+    latest MAX_SUBSTITUTIONS only."""
+    from spekula.proposers.suffix import MAX_SUBSTITUTIONS
+
+    words = [(1000 + i, 2000 + i, 3000 + i, 4000 + i, 6000 + i, 7000 + i) for i in range(60)]  # 2000 + i: a name
+    source = [t for w in words for t in w]
+    output = [t for w in words for t in (w[0], w[1] + 3000, *w[2:])]  # every name replaced
+    p = SuffixProposer()
+    follow(p, [*source, 99], output)
+    assert len(words) > MAX_SUBSTITUTIONS and len(p._substitutions) == MAX_SUBSTITUTIONS
+    assert p._substitutions.get((2059,)) == (5059,) and (2000,) not in p._substitutions  # the latest kept
+
+
 def test_the_cursor_gives_up_on_text_that_is_not_a_copy():
     prompt = [*SOURCE, 99]
     p = SuffixProposer()

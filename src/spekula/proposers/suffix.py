@@ -80,6 +80,7 @@ RESYNC_WINDOW = 8
 RESYNC_PATIENCE = 6
 RESYNC_BELOW = 4
 MAX_SUBSTITUTED = 4  # source tokens an edit may replace to be remembered as a substitution
+MAX_SUBSTITUTIONS = 32  # substitutions a request remembers, the latest (each draft from the cursor tries them all)
 USER = SuffixOptions()  # the defaults of the knobs a user sets (SpecConfig.suffix, --suffix-* flags)
 
 
@@ -444,7 +445,10 @@ class SuffixProposer(Proposer):
                 replaced = tuple(seq[at:found])
                 inserted = self._edit[:-1]
                 if inserted and 0 < len(replaced) <= MAX_SUBSTITUTED:
-                    self._substitutions[replaced] = tuple(inserted)  # the latest edit of these tokens wins
+                    self._substitutions.pop(replaced, None)  # the latest edit of these tokens wins, and is newest
+                    self._substitutions[replaced] = tuple(inserted)
+                    if len(self._substitutions) > MAX_SUBSTITUTIONS:
+                        del self._substitutions[next(iter(self._substitutions))]
                 at = self._candidate + 1
                 self._lost, self._realigned, self._edit, self._candidate = 0, True, [], None
                 self._synced += 2  # the copy before the edit, and the two tokens found again after it
