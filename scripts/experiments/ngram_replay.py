@@ -28,8 +28,9 @@ Policies (--k):
 The ratio columns (auto/oracle, auto/perfect) are the share of an oracle's speedup that k=auto reaches;
 per category, the ratio of the median per-prompt speedups.
 
---by-class prints instead how often n-gram drafts are accepted by draft class (the matched length) and
-draft position, over every position of the outputs: what `--k auto` learns. An experiment, not a
+--by-class prints instead how often the (first) --draft proposer's drafts are accepted by draft class (the
+matched length; for suffix lookup also "resync-N", the copy cursor's drafts after an edit) and draft
+position, over every position of the outputs: what `--k auto` learns. An experiment, not a
 maintained tool (scripts/experiments/README.md).
 
     .venv/bin/python scripts/experiments/ngram_replay.py RESULTS.json --costs 1:S1,2:S2,5:S5,9:S9 \\
@@ -56,7 +57,7 @@ from spekula.control import Controller, FixedK
 from spekula.cost import POSITIONS, CostModel
 from spekula.engine import Engine
 from spekula.proposers import build_proposer
-from spekula.proposers.base import NO_DRAFT
+from spekula.proposers.base import NO_DRAFT, Proposer
 from spekula.proposers.ngram import NgramProposer
 
 NAMESPACE = "replay"  # one namespace for the whole replay: later prompts draft from earlier outputs, as in a run
@@ -286,11 +287,13 @@ def acceptance_by_class(
     ngram_max: int,
     ngram_min: int,
     counts: dict,
+    proposer: Proposer | None = None,
 ) -> None:
     """At every position of `output`, draft k tokens and count, per draft class (the matched length)
     and draft position i, how often position i was reached (every earlier token accepted) and accepted:
-    counts[class][i] = [accepted, reached]."""
-    proposer = NgramProposer(ngram_max, ngram_min)
+    counts[class][i] = [accepted, reached]. proposer: a request's proposer, fed every position in order
+    (default: n-gram lookup with these match lengths)."""
+    proposer = proposer or NgramProposer(ngram_max, ngram_min)
     for pos in range(len(output)):
         context = prompt + output[:pos]
         draft_class = proposer.draft_class(context)
@@ -356,7 +359,8 @@ def main() -> int:
     ap.add_argument(
         "--by-class",
         action="store_true",
-        help="instead: n-gram acceptance by draft class and position, drafting 8 tokens everywhere",
+        help="instead: acceptance by draft class and position of the first --draft proposer, drafting 8 tokens "
+        "everywhere",
     )
     ap.add_argument("--draft", default="ngram", help="comma-separated proposers: ngram and/or suffix")
     ap.add_argument(
@@ -378,8 +382,13 @@ def main() -> int:
     requests, vocab = load_requests(args.results)
     if args.by_class:
         counts: dict[str, list[list[int]]] = {}
+        spec = SpecConfig(k=None, ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+        factory = build_proposer(args.draft.split(",")[0].strip(), spec, target=ReplayBackend(*vocab))  # one per run
         for r in requests:
-            acceptance_by_class(r.prompt, r.output, 8, args.ngram_max, args.ngram_min, counts)
+            proposer = factory.create(NAMESPACE)
+            acceptance_by_class(r.prompt, r.output, 8, args.ngram_max, args.ngram_min, counts, proposer)
+            proposer.draft_class(r.prompt + r.output)  # the whole output indexed, then into the cache
+            proposer.close()
         positions = [f"position {i + 1}" + ("+" if i == POSITIONS - 1 else "") for i in range(POSITIONS)]
         print("draft class | " + " | ".join(positions))
         for draft_class in sorted(counts, reverse=True):

@@ -50,6 +50,10 @@ DRIFT = 0.3
 RECALIBRATE_GAP = 256
 
 
+AFTER_EDIT = "resync"  # the kind of a suffix-lookup draft class after an edit (proposers.suffix.match_class)
+_MATCH_CLASS = re.compile(rf"(\d+)-gram|(?:suffix|{AFTER_EDIT})-(\d+)(?:\.\.\d+|\+)?")
+
+
 @functools.lru_cache(maxsize=1024)  # called for every class at every step (CostModel.tick)
 def match_length(draft_class: str | None) -> int | None:
     """The matched length a model-free proposer's draft class names (n-gram lookup: "4-gram" -> 4; suffix
@@ -57,7 +61,7 @@ def match_length(draft_class: str | None) -> int | None:
     cursor realigned on), or None for a class that names none."""
     if draft_class is None:
         return None
-    found = re.fullmatch(r"(\d+)-gram|(?:suffix|resync)-(\d+)(?:\.\.\d+|\+)?", draft_class)
+    found = _MATCH_CLASS.fullmatch(draft_class)
     if found is None:
         return None
     return int(found.group(1) or found.group(2))
@@ -65,7 +69,7 @@ def match_length(draft_class: str | None) -> int | None:
 
 def after_edit(draft_class: str | None) -> bool:
     """A draft that follows a copied text again after an edit (suffix lookup's copy cursor: "resync-N")."""
-    return draft_class is not None and draft_class.startswith("resync-")
+    return draft_class is not None and draft_class.startswith(f"{AFTER_EDIT}-")
 
 
 def base_acceptance(draft_class: str | None) -> list[float] | None:

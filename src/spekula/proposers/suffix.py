@@ -35,9 +35,11 @@ trusted for several tokens. The proposer therefore keeps a cursor in the text a 
 more) was copying, and moves it over each committed token; when the output leaves the source, the
 cursor waits until two tokens in a row are found again within RESYNC_WINDOW tokens of where the edit
 began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
-followed, edits skipped, which the controller learns apart from suffix matches: replayed over the built-in
-suite's outputs, 71% to 100% of these drafts had their first token accepted, and 4 to 8 tokens on average,
-where suffix drafts had 13% to 64% and 0.2 to 3). What an edit replaced (at most MAX_SUBSTITUTED source
+followed, edits skipped, which the controller learns apart from suffix matches, and does not mark down for
+the rejections the edits cost: spekula.cost.after_edit). Over the built-in suite's greedy outputs
+(`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`, two runs' outputs) 79% to 95%
+of these drafts had their first token accepted, where the short suffix matches the same positions
+would otherwise have (1 to 3 tokens) had 24% to 48%. What an edit replaced (at most MAX_SUBSTITUTED source
 tokens) is remembered for the request, and drafts from the cursor apply it: a renamed variable is drafted
 renamed at its next occurrence.
 
@@ -59,6 +61,7 @@ from itertools import pairwise
 import torch
 
 from spekula.config import K_MAX, SamplingParams, SuffixOptions
+from spekula.cost import AFTER_EDIT
 from spekula.errors import ConfigError
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.verify import Verdict
@@ -302,7 +305,8 @@ class SuffixMatch:
 
 def match_class(length: int, kind: str = "suffix") -> str:
     """A match length's draft class: "suffix-1", "suffix-2..3", "suffix-4..7", "suffix-8..15", "suffix-16+"
-    (kind "resync": a draft that follows the copy cursor after an edit, by the source tokens it followed)."""
+    (kind AFTER_EDIT, "resync": a draft that follows the copy cursor after an edit, by the source tokens it
+    followed)."""
     for lo, hi in pairwise(CLASS_BOUNDS):
         if length < hi:
             return f"{kind}-{lo}" if hi == lo + 1 else f"{kind}-{lo}..{hi - 1}"
@@ -331,12 +335,11 @@ class SuffixProposer(Proposer):
         self._last: tuple[int, SuffixMatch | None] | None = None  # (context length, its match)
         self._closed = False
         # The copy cursor: the text being copied, and the index in it of the token expected next; after the
-        # output leaves it (an edit), `_lost` counts the tokens emitted since, and the cursor realigns on the
-        # first of them found a little further on in the source (SuffixProposer._follow).
+        # output leaves it (an edit), the cursor realigns a little further on in the source
+        # (SuffixProposer._follow).
         self._cursor: tuple[list[int], int] | None = None
-        self._lost = 0
         self._realigned = False  # the cursor found its place again after an edit: drafts may follow it
-        self._edit: list[int] = []  # the tokens emitted off the source since the edit began
+        self._edit: list[int] = []  # the tokens emitted off the source since the edit began (none: in step)
         self._candidate: int | None = None  # where the source would go on if the last token realigned it
         # What this request's edits replaced: a few source tokens -> the tokens the output put there (a
         # renamed word, respaced operators). Drafts that follow the cursor apply them.
@@ -364,7 +367,7 @@ class SuffixProposer(Proposer):
         match = self.match(context)
         if match is None:
             return NO_DRAFT
-        return match_class(match.length, "resync" if match.resync else "suffix")
+        return match_class(match.length, AFTER_EDIT if match.resync else "suffix")
 
     def close(self) -> None:
         """The request is over: its output (and prompt, with cache_prompts) joins the cache."""
@@ -385,10 +388,10 @@ class SuffixProposer(Proposer):
             return self._last[1]
         found = self._lookup()
         strong = found is not None and found.length >= RESYNC_BELOW
-        following = self._cursor is not None and not self._lost
+        following = self._cursor is not None and not self._edit
         if strong and found.source is not None and (not following or self._cursor_next() != found.tokens[0]):
             # a long match elsewhere, or the cursor lost: copying goes on from the match's occurrence
-            self._cursor, self._lost, self._realigned, self._edit = found.source, 0, False, []
+            self._cursor, self._realigned, self._edit = found.source, False, []
             self._synced = found.length
         elif strong and following and self._substitutions:
             # the same text, with this request's edits applied
@@ -433,12 +436,12 @@ class SuffixProposer(Proposer):
             return
         seq, at = self._cursor
         for token in tokens:
-            if not self._lost:
+            if not self._edit:
                 if at < len(seq) and seq[at] == token:
                     at += 1
                     self._synced += 1
                     continue
-                self._lost, self._realigned, self._edit, self._candidate = 1, False, [token], None
+                self._realigned, self._edit, self._candidate = False, [token], None
                 continue
             if self._candidate is not None and self._candidate < len(seq) and seq[self._candidate] == token:
                 found = self._candidate - 1  # the edit's first token found again, and this one after it
@@ -450,14 +453,13 @@ class SuffixProposer(Proposer):
                     if len(self._substitutions) > MAX_SUBSTITUTIONS:
                         del self._substitutions[next(iter(self._substitutions))]
                 at = self._candidate + 1
-                self._lost, self._realigned, self._edit, self._candidate = 0, True, [], None
+                self._realigned, self._edit, self._candidate = True, [], None
                 self._synced += 2  # the copy before the edit, and the two tokens found again after it
                 continue
             self._edit.append(token)
             window = seq[at : at + RESYNC_WINDOW]
             self._candidate = at + window.index(token) + 1 if token in window else None
-            self._lost += 1
-            if self._lost > RESYNC_PATIENCE:
+            if len(self._edit) > RESYNC_PATIENCE:
                 self._cursor, self._edit, self._candidate = None, [], None
                 return
         self._cursor = (seq, at)
