@@ -51,7 +51,8 @@ RECALIBRATE_GAP = 256
 
 
 AFTER_EDIT = "resync"  # the kind of a suffix-lookup draft class after an edit (proposers.suffix.match_class)
-_MATCH_CLASS = re.compile(rf"(\d+)-gram|(?:suffix|{AFTER_EDIT})-(\d+)(?:\.\.\d+|\+)?")
+RECALLED = "recall"  # ... and of one matched only in earlier requests' outputs, not in this request's own text
+_MATCH_CLASS = re.compile(rf"(\d+)-gram|(?:suffix|{AFTER_EDIT}|{RECALLED})-(\d+)(?:\.\.\d+|\+)?")
 
 
 @functools.lru_cache(maxsize=1024)  # called for every class at every step (CostModel.tick)
@@ -99,6 +100,11 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
         reach *= alpha[min(i, len(alpha) - 1)]
         total += reach
     return total
+
+
+def _rate(alpha: float | Sequence[float], i: int) -> float:
+    """The chance draft position i (from 0) is accepted given every earlier one was (expected_tokens' alpha)."""
+    return alpha[min(i, len(alpha) - 1)] if isinstance(alpha, Sequence) else alpha
 
 
 @dataclass
@@ -263,7 +269,7 @@ class CostModel:
         heap: list[tuple[float, int, int]] = []  # (-the next token's gain, sequence, tokens it drafts so far)
         for i, o in enumerate(outlooks):
             if o is not None and o[1] > 0:
-                heap.append((-(expected_tokens(o[0], 1) - 1.0), i, 0))
+                heap.append((-_rate(o[0], 0), i, 0))
         heapq.heapify(heap)
         ks, best_ks = [0] * B, [0] * B
         tokens, drafted = float(B), 0
@@ -272,8 +278,8 @@ class CostModel:
             minus_gain, i, k = heapq.heappop(heap)
             tokens, drafted, ks[i] = tokens - minus_gain, drafted + 1, k + 1
             alpha, cap = outlooks[i]
-            if k + 1 < cap:
-                heapq.heappush(heap, (-(expected_tokens(alpha, k + 2) - expected_tokens(alpha, k + 1)), i, k + 1))
+            if k + 1 < cap:  # the next token's gain: this one's, times the chance the next is accepted too
+                heapq.heappush(heap, (minus_gain * _rate(alpha, k + 1), i, k + 1))
             rate = tokens / (self.target_cost(B + drafted) + drafted * self.draft_s_per_token)
             if rate >= best:  # ties to the longer drafts
                 best, best_ks = rate, list(ks)

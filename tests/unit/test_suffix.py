@@ -16,6 +16,7 @@ from pipelinekit import EOS, ByteTokenizer, SlowBackend, printable_table
 from pipelinekit import VOCAB as BYTES
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig, SuffixOptions
+from spekula.cost import after_edit, match_length
 from spekula.engine import Engine
 from spekula.errors import ConfigError
 from spekula.options import add_model_options, add_suffix_options, spec_from_args
@@ -95,6 +96,8 @@ def test_common_suffix():
 
 
 def test_incremental_update_equals_rebuild():
+    """The index grown a few tokens at a time finds what one built at once finds. (Drafts may differ: the copy
+    cursor's depend on the path the request's output took, by design.)"""
     rng = random.Random(0)
     context = [rng.randrange(6) for _ in range(300)]
     p = SuffixProposer(SuffixConfig(cache_entries=0))
@@ -102,11 +105,11 @@ def test_incremental_update_equals_rebuild():
     p.observe(context[:end], None)
     while end < len(context):
         end = min(len(context), end + rng.randint(1, 9))
-        got = p.propose(context[:end], 8, GREEDY, None).tokens
-        fresh = SuffixProposer(SuffixConfig(cache_entries=0))
-        assert got == fresh.propose(context[:end], 8, GREEDY, None).tokens
-        assert p.draft_class(context[:end]) == fresh.draft_class(context[:end])
         p.observe(context[:end], None)
+        fresh = SuffixProposer(SuffixConfig(cache_entries=0))
+        fresh.observe(context[:end], None)
+        got, want = p._lookup(), fresh._lookup()
+        assert (got.length, got.tokens) == (want.length, want.tokens)
     rebuilt = SuffixIndex()
     rebuilt.extend(0, context)
     assert p._local.tables == rebuilt.tables and p._local.seqs == rebuilt.seqs
@@ -216,9 +219,27 @@ def test_an_edit_is_applied_to_the_rest_of_the_copy():
     prompt = [*SOURCE, 99]
     p = SuffixProposer()
     match = follow(p, prompt, SOURCE[:10] + [7, 8] + SOURCE[11:17])
-    assert match.length >= 4 and not match.resync  # a long suffix match again, its text edited
+    # the cursor's draft, with its class: the 16 source tokens it followed, not the 6 matched since the edit
+    assert match.resync and match.length == 16
     assert match.tokens[:6] == SOURCE[17:21] + [7, 8]
     assert 50 not in match.tokens
+
+
+def test_an_edit_made_again_keeps_the_cursor_in_step():
+    """Where the output makes a remembered edit again (50 -> 7, 8 at the name's next occurrence), the cursor
+    moves over it as over the source: no new edit, no realigning, and the draft goes on from the source."""
+    prompt = [*SOURCE, 99]
+    p = SuffixProposer()
+    output = SOURCE[:10] + [7, 8] + SOURCE[11:21] + [7]
+    inside = follow(p, prompt, output)
+    assert not p._edit and inside.resync and inside.tokens[:3] == [8, *SOURCE[22:24]]  # the rest of the edit first
+    match = follow(p, prompt, [*output, 8, *SOURCE[22:24]])
+    assert not p._edit and p._cursor[1] == 24
+    assert match.resync and match.tokens[:4] == SOURCE[24:28]
+    # an output that leaves the remembered edit halfway is an edit again
+    q = SuffixProposer()
+    follow(q, prompt, SOURCE[:10] + [7, 8] + SOURCE[11:21] + [7, 60])
+    assert q._edit == [60]
 
 
 def test_a_request_remembers_a_bounded_number_of_substitutions():
@@ -233,6 +254,35 @@ def test_a_request_remembers_a_bounded_number_of_substitutions():
     follow(p, [*source, 99], output)
     assert len(words) > MAX_SUBSTITUTIONS and len(p._substitutions) == MAX_SUBSTITUTIONS
     assert p._substitutions.get((2059,)) == (5059,) and (2000,) not in p._substitutions  # the latest kept
+
+
+def test_the_cursor_survives_any_edited_copy():
+    """Copies with random edits (replaced, inserted and dropped tokens, some edits made again), committed a
+    random number of tokens at a time: every draft is a list of in-vocabulary ids no longer than asked, and
+    the draft class is one the controller can read."""
+    rng = random.Random(3)
+    for trial in range(40):
+        source = [rng.randrange(40) for _ in range(rng.randint(20, 120))]
+        renames = {t: [rng.randrange(40, 60) for _ in range(rng.randint(1, 3))] for t in rng.sample(range(40), 4)}
+        output: list[int] = []
+        for token in source:
+            roll = rng.random()
+            if roll < 0.05:
+                continue  # dropped
+            if roll < 0.1:
+                output.append(rng.randrange(60))  # inserted
+            output.extend(renames.get(token, [token]) if rng.random() < 0.7 else [token])
+        p = SuffixProposer(vocab_size=60)
+        prompt = [*source, 59]
+        end = 0
+        while end < len(output):
+            context = prompt + output[:end]
+            k = rng.randint(1, 16)
+            draft = p.propose(context, k, GREEDY, None).tokens
+            assert len(draft) <= k and all(0 <= t < 60 for t in draft), (trial, end)
+            draft_class = p.draft_class(context)
+            assert draft_class == NO_DRAFT or match_length(draft_class) >= 1
+            end += rng.randint(1, 4)
 
 
 def test_the_cursor_gives_up_on_text_that_is_not_a_copy():
@@ -291,6 +341,25 @@ def test_a_finished_requests_output_drafts_later_requests():
     with_prompts = SuffixFactory(SuffixConfig(cache_prompts=True))
     finish(with_prompts, [1, 2], answer)
     assert with_prompts.create().propose([3, 1, 2], 8, GREEDY, None).tokens == [50, 51]
+
+
+def test_a_match_only_in_earlier_requests_is_its_own_class_and_sets_no_cursor():
+    """A draft that continues only other requests' outputs (a JSON template's keys, then that request's
+    values) is accepted far less often than one continuing this request's own text, so the controller learns
+    it apart ("recall-N"); and the copy cursor follows this request's own text only."""
+    factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    earlier = list(range(200, 230))
+    finish(factory, [1, 2], earlier)
+    p = factory.create()
+    context = [3, 4, *earlier[:10]]
+    assert p.draft_class(context) == "recall-8..15" and p.match(context).recalled
+    assert p.propose(context, 4, GREEDY, None).tokens == earlier[10:14]
+    assert p._cursor is None
+    # the same text in this request's own prompt: a suffix match, and the cursor follows it
+    q = factory.create()
+    own = [3, *earlier[:20], 5, *earlier[:10]]
+    assert q.draft_class(own) == "suffix-8..15" and q._cursor is not None
+    assert match_length("recall-8..15") == 8 and not after_edit("recall-8..15")
 
 
 def test_namespaces_never_see_each_others_text():

@@ -36,3 +36,18 @@ def test_greedy_ties_go_to_lowest_id():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 0.0, 0.0]])
     v = verify_greedy(torch.tensor([2]), logits)
     assert (v.num_accepted, v.next_token) == (0, 1)
+
+
+def test_greedy_token_is_torchs_argmax_on_every_path():
+    """The fast CPU float32 path (numpy) answers what torch.argmax does: ties to the lowest id, a NaN counted as
+    the maximum, one id per row, a 0-d tensor for one row; other dtypes take torch's own path."""
+    from spekula.sampling import greedy_token
+
+    logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+    logits[1, 9] = logits[1, 5] = 1e9  # a tie: 5 wins
+    logits[2, 8] = logits[2, 7] = float("nan")  # the first NaN wins
+    logits[3] = 0.0  # all equal: 0
+    for x in (logits, logits[:, ::2], logits.to(torch.bfloat16), logits.double()):
+        assert torch.equal(greedy_token(x), torch.argmax(x, dim=-1)) and greedy_token(x).dtype == torch.long
+    assert greedy_token(logits).tolist()[1:] == [5, 7, 0]
+    assert greedy_token(logits[0]).shape == () and int(greedy_token(logits[0])) == int(torch.argmax(logits[0]))
