@@ -37,7 +37,7 @@ cursor waits until two tokens in a row are found again within RESYNC_WINDOW toke
 began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
 followed, edits skipped, which the controller learns apart from suffix matches, and does not mark down for
 the rejections the edits cost: spekula.cost.after_edit). Over the built-in suite's greedy outputs
-(`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`, two runs' outputs) 79% to 95%
+(`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`, three runs' outputs) 81% to 95%
 of these drafts had their first token accepted, where the short suffix matches the same positions
 would otherwise have (1 to 3 tokens) had 24% to 48%. What an edit replaced (at most MAX_SUBSTITUTED source
 tokens) is remembered for the request: drafts from the cursor apply it (a renamed variable is drafted
@@ -49,8 +49,8 @@ Draft classes. A draft's class is its matched length, bucketed (match_class), an
 this request's own text holds the match, "resync" for the copy cursor's drafts, and "recall" when only
 earlier requests' outputs hold it. A recalled draft is often another request's boilerplate followed by that
 request's own data (a JSON template's keys, then its values): on the built-in suite's outputs its first
-token is accepted 71% to 73% of the time after an 8- to 15-token match, where this request's own text gets
-89% to 90%, and 9% to 13% after a 1-token match against 34% to 40% (`--by-class`, two runs' outputs).
+token is accepted 61% to 73% of the time after an 8- to 15-token match, where this request's own text gets
+88% to 91%, and 9% to 13% after a 1-token match against 34% to 40% (`--by-class`, three runs' outputs).
 
 Why not arctic-inference's own tree: its source distribution builds with torch >= 2.10, protobuf and
 grpcio-tools in its build requirements and imports torch in setup.py, so installing it pulls torch
