@@ -134,6 +134,16 @@ def test_parallel_is_validated_and_exact_mode_keeps_sequences_apart():
         BackendConfig(parallel=0)
     exact, _ = load_model("smollm2-135m", BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=4))
     assert not exact.capabilities.batching and exact.capabilities.block_invariant and exact._shared is None
+    # every running request's own context is made at load, so a full server's memory is there from the start
+    assert len(exact._pool) == 4
+    made = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exact, "_new_context", lambda *a, **k: made.append(a))
+        running = [exact.new_sequence() for _ in range(4)]
+        assert made == [] and len({id(seq.context) for seq in running}) == 4
+        for seq in running:
+            seq.release()
+    assert len(exact._pool) == 4
 
 
 @pytest.mark.parametrize("k", [0, 3, None])

@@ -25,8 +25,8 @@ difference are closed:
   (llama-server's `-ctk q8_0`), which that path does not take; plain decoding in exact mode is therefore
   llama.cpp with `-fa on -ctk q8_0`, and a one-token pass costs what it does by default.
 A shared context would let other sequences' passes change where a sequence's KV cells lie and so the
-order attention sums them in, so exact mode gives every sequence its own context (no batching). Its
-cost is in docs/BENCHMARKS.md.
+order attention sums them in, so exact mode gives every sequence its own context (no batching), all
+`parallel` of them made at load. Its cost is in docs/BENCHMARKS.md.
 
 Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`, `LlamaContext`,
 `LlamaBatch`), pinned to the version in requirements/base.txt.
@@ -117,6 +117,10 @@ class LlamaCppBackend(Backend):
             probe = self._new_context(context_length)
             self.context_length = min(context_length, int(probe.ctx.n_ctx()))
             self._pool.append(probe)
+            # A server in exact mode (parallel: one per running request) gets every running request's context
+            # now, as the shared context is allocated whole (and llama-server allocates every slot's KV cache
+            # at start): its memory does not grow with load, and a full server has it all.
+            self._pool += [self._new_context(self.context_length) for _ in range(config.parallel - 1)]
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
         if self.exact:
             self.exact_width = self._widest_exact_block()
