@@ -448,11 +448,12 @@ class SuffixProposer(Proposer):
         return best
 
     def _follow(self, tokens: list[int]) -> None:
-        """Move the copy cursor over newly committed tokens: on while they are the source's; a token that
-        is not starts an edit, and the cursor realigns where two tokens in a row after it are found again
-        in the source, within RESYNC_WINDOW tokens of where the edit began (a renamed word, respaced
-        operators), or gives up after RESYNC_PATIENCE tokens. What the edit replaced (at most
-        MAX_SUBSTITUTED source tokens) is remembered as a substitution."""
+        """Move the copy cursor over newly committed tokens: on while they are the source's, or what a
+        remembered substitution put in place of a source span (an edit made again); any other token starts
+        an edit, and the cursor realigns where two tokens in a row after it are found again in the source,
+        within RESYNC_WINDOW tokens of where the edit began (a renamed word, respaced operators), or gives
+        up after RESYNC_PATIENCE tokens. What the edit replaced (at most MAX_SUBSTITUTED source tokens) is
+        remembered as a substitution."""
         if self._cursor is None:
             return
         seq, at = self._cursor
