@@ -97,7 +97,7 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
         return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
     total, reach = 1.0, 1.0
     for i in range(k):
-        reach *= alpha[min(i, len(alpha) - 1)]
+        reach *= _rate(alpha, i)
         total += reach
     return total
 

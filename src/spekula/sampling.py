@@ -72,8 +72,8 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def greedy_token(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the vocabulary; ties go to the lowest id, identically for every caller. A CPU float32
-    tensor goes through numpy's argmax (the same answer: the first maximum, a NaN counting as one), about
-    14x faster than torch's over a 152k vocabulary here: 6 against 84 us, ~0.3% of a llama.cpp step."""
+    tensor goes through numpy's argmax (the same answer: the first maximum, a NaN counting as one), which
+    on one row of a large vocabulary is many times cheaper than torch's, and runs at every greedy step."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
         return torch.from_numpy(np.asarray(logits.numpy().argmax(axis=-1)))
     return torch.argmax(logits, dim=-1)
