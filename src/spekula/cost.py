@@ -263,6 +263,15 @@ class CostModel:
         B = len(outlooks)
         if B == 0:
             return [], 1.0
+        if B == 1:
+            return self._best_k_alone(outlooks[0])
+        return self._best_ks_greedy(outlooks)
+
+    def _best_ks_greedy(
+        self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]
+    ) -> tuple[list[int], float]:
+        """best_ks for any batch (see there)."""
+        B = len(outlooks)
         # Each sequence's extra expected tokens from its j-th drafted token: the chance every draft token
         # up to it is accepted. They never grow with j, so for any number D of drafted tokens in the pass
         # the best split gives them out one at a time, each to the sequence whose next one adds most.
@@ -284,6 +293,24 @@ class CostModel:
             if rate >= best:  # ties to the longer drafts
                 best, best_ks = rate, list(ks)
         return best_ks, best / plain
+
+    def _best_k_alone(self, outlook: tuple[float | Sequence[float], int] | None) -> tuple[list[int], float]:
+        """best_ks for one sequence: its j-th drafted token is the pass's j-th, so the greedy split is the draft
+        itself and the search is one loop over k (the same sums in the same order: the same answer, bit for bit).
+        A lone request asks at every step, several times (AdaptiveK), so this path avoids the heap."""
+        plain = best = 1.0 / self.target_cost(1)
+        if outlook is None or outlook[1] <= 0:
+            return [0], 1.0
+        alpha, cap = outlook
+        rates = alpha if isinstance(alpha, Sequence) else None
+        best_k, tokens, gain, per_draft = 0, 1.0, 1.0, self.draft_s_per_token
+        for k in range(1, cap + 1):
+            gain *= alpha if rates is None else rates[min(k - 1, len(rates) - 1)]
+            tokens += gain
+            rate = tokens / (self.target_cost(1 + k) + k * per_draft)
+            if rate >= best:  # ties to the longer drafts
+                best, best_k = rate, k
+        return [best_k], best / plain
 
     def calibrate(
         self,

@@ -435,12 +435,11 @@ class Generation:
 
     def _accept(self, draft: Draft, logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
         """Accept + resample: returns the verdict and p (None when greedy and nobody needs it)."""
-        tokens = torch.tensor(draft.tokens, dtype=torch.long)
-        if self.sampling.greedy:
+        if self.sampling.greedy:  # no tensor made: see verify_greedy
             p = probabilities(logits, self.sampling) if self.recorder is not None else None
-            return verify_greedy(tokens, logits), p
+            return verify_greedy(draft.tokens, logits), p
         p = probabilities(logits, self.sampling)  # [k' + 1, V]
-        return verify_sampled(tokens, draft.probs, p, self.generator), p
+        return verify_sampled(torch.tensor(draft.tokens, dtype=torch.long), draft.probs, p, self.generator), p
 
     def _advance(
         self, target, proposer: Proposer | None, committed: list[int], draft: Draft, verdict: Verdict

@@ -74,9 +74,22 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the vocabulary; ties go to the lowest id, identically for every caller. A CPU float32
     tensor goes through numpy's argmax (the same answer: the first maximum, a NaN counting as one), which
     on one row of a large vocabulary is many times cheaper than torch's, and runs at every greedy step."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+    if _numpy_argmax(logits):
         return torch.from_numpy(np.asarray(logits.numpy().argmax(axis=-1)))
     return torch.argmax(logits, dim=-1)
+
+
+def greedy_ids(logits: torch.Tensor) -> list[int]:
+    """greedy_token of each row of [n, V] logits, as Python ints. The CPU float32 path calls no torch operator:
+    right after a target pass has streamed the weights through the caches, each torch dispatch costs tens of
+    microseconds, and greedy plain decoding runs this once a token."""
+    if _numpy_argmax(logits):
+        return logits.numpy().argmax(axis=-1).tolist()
+    return torch.argmax(logits, dim=-1).tolist()
+
+
+def _numpy_argmax(logits: torch.Tensor) -> bool:
+    return logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

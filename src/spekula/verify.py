@@ -14,11 +14,12 @@ acceptance is min(1, p(x)) and the residual is p with x removed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from spekula.sampling import greedy_token, sample
+from spekula.sampling import greedy_ids, sample
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,19 @@ class Verdict:
 
 
 def verify_greedy(
-    draft_tokens: torch.Tensor,  # [k] long
+    draft_tokens: Sequence[int] | torch.Tensor,  # [k]
     target_logits: torch.Tensor,  # [k + 1, V]
 ) -> Verdict:
     """Greedy: keep drafted tokens while they equal the target's argmax; the target's argmax at the
-    first mismatch (or after the last draft) is the recovered (or bonus) token."""
-    k = draft_tokens.shape[0]
-    target_tokens = greedy_token(target_logits)  # [k + 1]
-    num_accepted = _accepted_prefix(draft_tokens == target_tokens[:k])
-    return Verdict(num_accepted, int(target_tokens[num_accepted]), k)
+    first mismatch (or after the last draft) is the recovered (or bonus) token. Python ints throughout
+    (sampling.greedy_ids): this runs at every greedy step, plain decoding's included."""
+    drafted = draft_tokens.tolist() if isinstance(draft_tokens, torch.Tensor) else draft_tokens
+    target_tokens = greedy_ids(target_logits)  # k + 1 ids
+    k = len(drafted)
+    num_accepted = 0
+    while num_accepted < k and drafted[num_accepted] == target_tokens[num_accepted]:
+        num_accepted += 1
+    return Verdict(num_accepted, target_tokens[num_accepted], k)
 
 
 def verify_sampled(

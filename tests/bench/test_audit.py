@@ -20,7 +20,7 @@ SAMPLING = SamplingParams(temperature=1.0)
 
 
 def accept_everything_greedy(draft_tokens, target_logits):
-    k = draft_tokens.shape[0]
+    k = len(draft_tokens)
     return Verdict(k, int(greedy_token(target_logits[k])), k)
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from spekula.bench import commands
+from spekula.bench import commands, runner
 from spekula.bench.metrics import merge_stats, tpot
 from spekula.bench.runner import SpecChoice, parse_spec
 from spekula.bench.workloads import load_workload
@@ -268,6 +268,43 @@ def test_named_plain_configuration_runs_as_an_a_a_control(tmp_path):
         assert r["stats"]["drafted"] == 0 and r["stats"]["target_passes"] == r["stats"]["output_tokens"]
     assert result["summary"]["plain-again"]["overall"]["identical_to_plain"] == len(items)
     assert "| plain-again |" in markdown
+
+
+def test_the_warm_up_leaves_each_contender_its_own_target_cache(tmp_path, monkeypatch):
+    """A runtime whose caches cost time to make (a llama.cpp context: ~0.3 s) keeps released ones for the next
+    sequence. The warm-up must make as many as the contenders hold at once, so no measured request pays for
+    one: each contender's prompt cache keeps its sequence open between its requests."""
+    target = table(0)
+    live, peak = [0], {"warm-up": 0, "measured": 0}
+    phase = ["warm-up"]
+    real_new = target.new_sequence
+
+    def new_sequence():
+        seq = real_new()
+        live[0] += 1
+        peak[phase[0]] = max(peak[phase[0]], live[0])
+        real_release = seq.release
+
+        def release():
+            live[0] -= 1
+            real_release()
+
+        seq.release = release
+        return seq
+
+    real_measure = runner.measure
+
+    def measure(*args, **kwargs):
+        phase[0] = "measured"
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(target, "new_sequence", new_sequence)
+    monkeypatch.setattr(runner, "measure", measure)
+    choices = [SpecChoice("none", 0), SpecChoice("none", 0, label="plain-again"), SpecChoice("ngram", 4)]
+    items = load_workload(write_jsonl(tmp_path / "w.jsonl", UNSEEN[:3]))
+    runner.run_inprocess(contenders_for(target, {}, choices), ByteCodec(), items, max_tokens=4, progress=False)
+    assert peak["warm-up"] == len(choices)  # one cache per contender, made before any measured request
+    assert 0 < peak["measured"] <= peak["warm-up"]
 
 
 def test_merge_stats_sums_what_adds_up():

@@ -40,6 +40,54 @@ def test_rollback_gives_the_logits_of_a_fresh_prefill(smol_llama):
     assert rolled.shape == (2, backend.vocab_size)
 
 
+def test_logits_are_the_callers_after_later_passes(smol_llama):
+    """A pass's logits are read through a view of llama.cpp's output buffer kept between passes
+    (_Context.logits); what forward returns must be a copy that later passes (one row, several rows, a
+    wider block that moves the buffer) leave alone, and each pass must read its own rows."""
+    backend, codec = smol_llama
+    seq = backend.new_sequence()
+    seq.forward(codec.encode("def add(a, b):\n    return"))
+    first = seq.forward([11])
+    kept = first.clone()
+    block = seq.forward([22, 33, 44])
+    block_kept = block.clone()
+    wide = seq.forward(list(range(100, 140)))
+    last = seq.forward([55])
+    assert torch.equal(first, kept) and torch.equal(block, block_kept)
+    assert not torch.equal(first, last) and not torch.equal(block[-1], wide[-1])
+    assert wide.shape == (40, backend.vocab_size)
+    seq.truncate(seq.length - 1)
+    assert torch.equal(seq.forward([55]), last)  # the same pass again reads the same rows
+
+
+def test_llama_cpp_python_loop_reads_the_backends_weights(smol_llama):
+    """bench's llama-cpp-python contender reads the weights spekula's backend loaded (reference.shared_weights):
+    the same model in memory, the same greedy tokens as with its own copy and as spekula's plain decoding, and
+    the model still the backend's once that Llama is gone."""
+    import ctypes
+    import gc
+
+    from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
+
+    backend, codec = smol_llama
+
+    def address(model_pointer) -> int:
+        return ctypes.cast(model_pointer, ctypes.c_void_p).value
+
+    settings = LlamaSettings.of(backend)
+    shared = LlamaCppPythonLoop(settings, codec, model=backend.model)
+    own = LlamaCppPythonLoop(settings, codec)
+    assert address(shared.llama.model) == address(backend.model.model) != address(own.llama.model)
+    ids = codec.encode(PROMPTS[0])
+    stop = StopConfig(max_tokens=16, ignore_eos=True)
+    tokens = shared.decode(ids, stop).token_ids
+    assert len(tokens) == 16 and tokens == own.decode(ids, stop).token_ids == greedy(Engine(backend), ids, 16)
+    shared.llama.close()
+    del shared
+    gc.collect()
+    assert address(backend.model.model) and greedy(Engine(backend), ids, 16) == tokens
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_llamacpp_target_with_llamacpp_draft_and_ngram(smol_llama, k):
     target, codec = smol_llama

@@ -1,5 +1,7 @@
 """The cost model: pass costs, expected tokens per pass, and the k that is fastest for one sequence or a batch."""
 
+import random
+
 import pytest
 
 from costkit import compute_bound, memory_bound
@@ -75,6 +77,19 @@ def test_in_a_batch_each_request_drafts_what_its_own_acceptance_pays_for():
             for d in range(caps[2] + 1)
         )
         assert rate(outlooks, ks) == pytest.approx(best), (outlooks, ks)
+
+
+def test_a_lone_sequence_gets_the_answer_of_the_batch_search_bit_for_bit():
+    """best_ks answers a batch of one with a plain loop (a lone request asks at every step); it must give
+    what the general greedy search gives for it, exactly, on any rates and cost curve."""
+    gen = random.Random(7)
+    for trial in range(300):
+        widths = sorted(gen.sample(range(1, 20), gen.randint(1, 8)))
+        c = CostModel(target_s={w: gen.uniform(0.01, 0.3) for w in widths})
+        c.draft_s_per_token = gen.choice([0.0, gen.uniform(0.0, 0.05)])
+        alpha = gen.random() if trial % 2 else [gen.random() for _ in range(gen.randint(1, 16))]
+        outlook = None if trial % 17 == 0 else (alpha, gen.randint(0, 16))
+        assert c.best_ks([outlook]) == c._best_ks_greedy([outlook]), (outlook, c.target_s)
 
 
 def test_compute_bound_target_with_a_costly_draft_decodes_plainly():

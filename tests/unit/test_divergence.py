@@ -134,7 +134,7 @@ def test_a_flip_that_rounding_cannot_explain_is_a_divergence():
 
 def test_a_planted_verifier_bug_is_a_divergence(monkeypatch):
     def accept_everything(draft_tokens, target_logits):
-        k = draft_tokens.shape[0]
+        k = len(draft_tokens)
         return Verdict(k, int(torch.argmax(target_logits[k])), k)
 
     monkeypatch.setattr(spekula.engine, "verify_greedy", accept_everything)

@@ -10,6 +10,8 @@ What is held equal, and why:
 - the GGUF, context length, threads and batch size are those of spekula's llama.cpp backend, and
   llama-cpp-python's own model defaults otherwise (weight repacking on, flash attention off), as a
   user loading the file gets them; `--exact` changes spekula's backend, not this reference;
+- the weights themselves: the Llama reads the model spekula's backend loaded from the file (loaded with
+  the settings the Llama would use), so every contender's passes read the same memory (shared_weights);
 - greedy only: llama.cpp's sampler chain and RNG are not spekula's, so sampled runs would not
   compare like for like;
 - the stop tokens are spekula's (the target backend's EOS, plus the request's stop ids), and a stop
@@ -32,7 +34,8 @@ which counts the same one-token passes on both sides.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,23 +80,26 @@ class LlamaSettings:
 class LlamaCppPythonLoop:
     """One llama_cpp.Llama over the GGUF, decoding one request at a time with `Llama.generate`."""
 
-    def __init__(self, settings: LlamaSettings, codec: Any, prompt_cache: bool = True) -> None:
-        """prompt_cache False: reset() before every request, so generate() reuses no prefix."""
+    def __init__(self, settings: LlamaSettings, codec: Any, prompt_cache: bool = True, model: Any = None) -> None:
+        """prompt_cache False: reset() before every request, so generate() reuses no prefix.
+        model: the weights spekula's backend loaded from the same GGUF (a llama_cpp._internals.LlamaModel),
+        which the Llama then reads instead of loading its own copy (see shared_weights); None: its own."""
         with needs_extra("llamacpp", f"--spec loop={LLAMA_CPP_PYTHON}"):
             from llama_cpp import Llama
         self.settings = settings
         self.codec = codec
         self.prompt_cache = prompt_cache
-        self.llama = Llama(
-            model_path=str(settings.gguf_path),
-            n_ctx=settings.context_length,
-            n_batch=settings.batch,
-            n_ubatch=settings.batch,
-            n_threads=settings.threads,
-            n_threads_batch=settings.threads,
-            use_mmap=False,  # as spekula's backend loads repacked weights: the mapped file would stay resident
-            verbose=False,
-        )
+        with shared_weights(model):
+            self.llama = Llama(
+                model_path=str(settings.gguf_path),
+                n_ctx=settings.context_length,
+                n_batch=settings.batch,
+                n_ubatch=settings.batch,
+                n_threads=settings.threads,
+                n_threads_batch=settings.threads,
+                use_mmap=False,  # as spekula's backend loads repacked weights: the mapped file would stay resident
+                verbose=False,
+            )
 
     def decode(self, prompt_ids: list[int], stop: StopConfig) -> Completion:
         """Greedy decoding of one request through llama-cpp-python's generation loop, timed."""
@@ -136,6 +142,44 @@ class LlamaCppPythonLoop:
         stats.total_s = time.perf_counter() - start
         stats.finish_reason = finish
         return Completion(text, token_ids, finish, len(prompt_ids), stats)
+
+
+@contextmanager
+def shared_weights(model: Any) -> Iterator[None]:
+    """While open, a llama_cpp.Llama made for the GGUF gets `model` (already loaded, with the settings it would
+    have used: repacked weights, not mapped) instead of loading the file again; None: nothing changes.
+
+    Both loops then read the same weights. Where a model's 1 GB of weights lands in memory moves its passes'
+    speed by several percent from one process to the next: scripts/experiments/context_cost.py measured two of
+    spekula's contexts on one model within 1% of each other in every process, and llama-cpp-python's own copy
+    of the model 6% faster than both in one process of five. With one copy that luck is the same for every
+    contender, so their ratio measures the loops and their contexts. The Llama's own context, batch, sampler
+    and loop are unchanged, and the model stays the backend's: closing the Llama leaves it loaded."""
+    if model is None:
+        yield
+        return
+    from llama_cpp import _internals
+
+    made = _internals.LlamaModel
+    _internals.LlamaModel = lambda **_: _Lent(model)  # what Llama.__init__ calls to load the file
+    try:
+        yield
+    finally:
+        _internals.LlamaModel = made
+
+
+class _Lent:
+    """A loaded llama_cpp._internals.LlamaModel lent to a Llama: every attribute is the model's, and close()
+    (the Llama's, when it is freed) leaves the model loaded for its owner."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass

@@ -328,8 +328,10 @@ def build_contenders(
         from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
 
         gguf = target if isinstance(target, LlamaCppBackend) else runtime_of(replace(choice, backend=LLAMACPP))[0]
-        # (llama-cpp-python's loop loads the GGUF itself, with its own settings: exact mode does not reach it)
-        return ReferenceContender(choice, LlamaCppPythonLoop(LlamaSettings.of(gguf), codec, prompt_cache))
+        # llama-cpp-python's loop makes its own context with its own settings (exact mode does not reach it) over
+        # the weights that backend loaded (reference.shared_weights: one copy, the same placement for every loop)
+        loop = LlamaCppPythonLoop(LlamaSettings.of(gguf), codec, prompt_cache, model=gguf.model)
+        return ReferenceContender(choice, loop)
 
     out: list[Contender | ReferenceContender] = [plain(PLAIN_CHOICE)]
     for choice in choices:
@@ -514,10 +516,14 @@ def run_inprocess(
 
         check_sampling(sampling)  # before any model time is spent
     ids = encode_items(items, codec, chat)
-    if warmup:  # one-off costs (allocator, thread pool, lazy imports) must hit no measurement
+    if warmup:  # one-off costs (allocator, thread pool, lazy imports, caches) must hit no measurement
         first = ids[items[0].id][-16:]  # a short prompt: a long prefill would warm nothing more
         for c in contenders:
             c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True), namespace=WARMUP).result()
+        # Forgotten only once every contender has run: each holds its target cache (its prompt cache keeps the
+        # sequence) while the next warms up, so a runtime makes a cache per contender here (a llama.cpp context
+        # costs ~0.3 s to make) and the measured requests find them made.
+        for c in contenders:
             c.forget(WARMUP)  # its output is the first prompt's own continuation: no measured request drafts it
     results: list[RequestResult] = []
     bar = tqdm(
