@@ -82,7 +82,7 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
 def greedy_ids(logits: torch.Tensor) -> list[int]:
     """greedy_token of each row of [n, V] logits, as Python ints. The CPU float32 path calls no torch operator:
     right after a target pass has streamed the weights through the caches, each torch dispatch costs tens of
-    microseconds, and greedy plain decoding runs this once a token."""
+    microseconds (scripts/experiments/step_overhead.py), and greedy plain decoding runs this once a token."""
     if _numpy_argmax(logits):
         return logits.numpy().argmax(axis=-1).tolist()
     return torch.argmax(logits, dim=-1).tolist()
