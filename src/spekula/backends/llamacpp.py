@@ -284,9 +284,9 @@ def _pieces(rows: list, width: int) -> list[list]:
     return [rows[start : start + width] for start in range(0, len(rows), width)]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Context:
-    """A llama.cpp context and the batch its passes are written into."""
+    """A llama.cpp context and the batch its passes are written into (compared by identity: a resource)."""
 
     ctx: Any  # llama_cpp._internals.LlamaContext
     batch: Any  # llama_cpp._internals.LlamaBatch
