@@ -15,12 +15,12 @@ there).
 without torch operators, the logits view kept per context), measured with throwaway copies of these wrappers on
 spekula's loop alone while a one-token pass took 31 to 34 ms:
 - spekula, outside llama_decode: 523 -> 346 (llama-cpp-python's loop, timed the same way: 266 to 335);
-- Engine._accept (verify_greedy): 197 -> 80, of which torch.tensor 46 and greedy_token 72 before;
+- Generation._accept (verify_greedy): 197 -> 80, of which torch.tensor 46 and greedy_token 72 before;
 - LlamaCppBackend._decode around llama_decode: 195 -> 140 (numpy's ctypes view of the logits, made at
   every pass, 58 of it before);
 - the incremental detokenizer, the same on both sides: 49 to 54.
 This script on 304505c, later that session, with a pass at ~40 ms on a slower, noisier host (everything
-~1.5x dearer): outside llama_decode 676 against llama-cpp-python's 516, Engine._accept 163, the
+~1.5x dearer): outside llama_decode 676 against llama-cpp-python's 516, Generation._accept 163, the
 detokenizer 93 against 116; llama_decode itself 39.9 against 40.1 ms. So spekula's loop still spends
 ~0.15 ms a token more than llama-cpp-python's around the same pass, ~0.4% of it.
 """

@@ -302,6 +302,7 @@ class CostModel:
         if outlook is None or outlook[1] <= 0:
             return [0], 1.0
         alpha, cap = outlook
+        # _rate(alpha, k - 1), inlined: a helper call per position is a large share of this loop's time
         rates = alpha if isinstance(alpha, Sequence) else None
         best_k, tokens, gain, per_draft = 0, 1.0, 1.0, self.draft_s_per_token
         for k in range(1, cap + 1):

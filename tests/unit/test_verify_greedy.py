@@ -61,7 +61,6 @@ def test_greedy_token_is_torchs_argmax_on_every_path():
     logits[3] = 0.0  # all equal: 0
     for x in (logits, logits[:, ::2], logits.to(torch.bfloat16), logits.double()):
         assert torch.equal(greedy_token(x), torch.argmax(x, dim=-1)) and greedy_token(x).dtype == torch.long
+        assert greedy_ids(x) == torch.argmax(x, dim=-1).tolist()
     assert greedy_token(logits).tolist()[1:] == [5, 7, 0]
     assert greedy_token(logits[0]).shape == () and int(greedy_token(logits[0])) == int(torch.argmax(logits[0]))
-    for x in (logits, logits[:, ::2], logits.to(torch.bfloat16), logits.double()):
-        assert greedy_ids(x) == torch.argmax(x, dim=-1).tolist()

@@ -296,8 +296,8 @@ class _Context:
     def logits(self, rows: int, vocab: int) -> np.ndarray:
         """The last llama_decode's logits, [rows, vocab]: a view of llama.cpp's own buffer, valid until the next
         llama_decode. Views are kept while the buffer stays where it is (llama.cpp moves it only to grow it):
-        making numpy's ctypes view anew cost more than copying the row out, at every plain step
-        (scripts/experiments/step_overhead.py)."""
+        making numpy's ctypes view anew was about a third of this backend's Python around a plain step
+        (scripts/experiments/step_overhead.py's record)."""
         address = ctypes.cast(self.ctx.get_logits(), ctypes.c_void_p).value
         if address != self._address:
             self._address, self._views = address, {}

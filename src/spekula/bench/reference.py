@@ -150,11 +150,11 @@ def shared_weights(model: Any) -> Iterator[None]:
     have used: repacked weights, not mapped) instead of loading the file again; None: nothing changes.
 
     Both loops then read the same weights. Where a model's 1 GB of weights lands in memory moves its passes'
-    speed by several percent from one process to the next: scripts/experiments/context_cost.py measured two of
-    spekula's contexts on one model within 1% of each other in every process, and llama-cpp-python's own copy
-    of the model 6% faster than both in one process of five. With one copy that luck is the same for every
-    contender, so their ratio measures the loops and their contexts. The Llama's own context, batch, sampler
-    and loop are unchanged, and the model stays the backend's: closing the Llama leaves it loaded."""
+    speed by several percent from one process to the next: in scripts/experiments/context_cost.py, one process
+    of eleven ran one model's passes 6% slower than the other's, while two of spekula's contexts on one model
+    agreed. With one copy that luck is the same for every contender (a context can still land unluckily: the
+    script's record has one such process). The Llama's own context, batch, sampler and loop are unchanged,
+    and the model stays the backend's: closing the Llama leaves it loaded."""
     if model is None:
         yield
         return
