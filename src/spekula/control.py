@@ -100,6 +100,8 @@ class FixedK(Controller):
 
 
 NO_DRAFT_REASON = "no draft: no match"
+# Slow start: how many plain passes a new request's fully rejected draft may cost it (AdaptiveK.k_cap).
+SLOW_START_PASSES = 2
 
 
 @dataclass
@@ -265,17 +267,26 @@ class AdaptiveK(Controller):
     def k_cap(self) -> int:
         """Slow start. A new request's alpha is only the engine-wide prior, learnt on other requests,
         and n-gram acceptance in particular differs from prompt to prompt. So until a request has
-        evidence of its own, a fully rejected draft may cost it at most one plain pass more than
-        plain decoding: k <= the largest k with T(k + 1) + k T_draft <= 2 T(1). Each fully accepted
-        draft doubles the cap, up to k_max. Where verification and drafts are cheap (packed fp32
-        weights, n-gram lookup) the cap starts at or near k_max and changes little; a draft model's
-        own steps count against it, so its cap starts lower; where a wide pass is dear
-        (transformers' fp32, llama.cpp on few cores) a wrong prior costs one short draft instead of
-        a long one."""
+        evidence of its own, a fully rejected draft may cost it at most SLOW_START_PASSES plain passes
+        more than plain decoding: k <= the largest k with T(k + 1) + k T_draft <= (1 + SLOW_START_PASSES)
+        T(1). Each fully accepted draft doubles the rows a draft may cost (k + 1 -> 2 (k + 1)), up to k_max. Where
+        verification and drafts are cheap (packed fp32 weights, n-gram lookup) the cap starts at or near
+        k_max and changes little; a draft model's own steps count against it, so its cap starts lower;
+        where a wide pass is dear (transformers' fp32, llama.cpp on few cores) a wrong prior costs a
+        short draft instead of a long one.
+
+        Why two passes and rows: with one pass (k <= 1 on llama.cpp, whose 2-row pass costs ~1.8 plain
+        ones) a request's first drafts were the widths that lose most per row, and short outputs (JSON)
+        never got past them; doubling k from 3 landed on 7 and 13 rows, between llama.cpp's 4-row
+        groups, where doubling rows lands on 8 and 16. Replayed on the docs run's outputs
+        (scripts/experiments/ngram_replay.py; docs/BENCHMARKS.md, "Slow start"), both together took the
+        suffix proposer's median over every prompt from 1.176x to 1.224x at the AVX-512 pass costs and
+        from 1.163x to 1.172x at the AVX2 ones, and its JSON median from 0.979x to 1.014x (AVX-512)."""
         if self._k_cap is None:
             c = self.costs
             plain = c.target_cost(1)
-            fits = [k for k in range(1, self.k_max + 1) if c.target_cost(k + 1) + k * c.draft_s_per_token <= 2 * plain]
+            budget = (1 + SLOW_START_PASSES) * plain
+            fits = [k for k in range(1, self.k_max + 1) if c.target_cost(k + 1) + k * c.draft_s_per_token <= budget]
             self._k_cap = max(fits, default=1)
         return self._k_cap
 
@@ -320,7 +331,7 @@ class AdaptiveK(Controller):
         """What a settled draft of num_drafted tokens, num_accepted of them accepted, says of acceptance."""
         rejected = 1.0 if num_accepted < num_drafted else 0.0
         if not rejected and proves_cap:
-            self._k_cap = min(2 * self.k_cap, self.k_max)
+            self._k_cap = min(2 * (self.k_cap + 1) - 1, self.k_max)  # twice the rows
         prior = self.costs.prior_acceptance(draft_class)
         tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
         self._accepted = self.decay * self._accepted + num_accepted

@@ -4,6 +4,8 @@ with each other and with the engine, every prompt ran under every configuration,
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -321,3 +323,27 @@ def test_merge_stats_sums_what_adds_up():
     assert m.k_chosen == {4: 3} and m.total_s == 4.0 and m.ttft_s is None
     assert m.alpha == 5 / 6 and m.tau == 1 + 5 / 3 and m.tokens_per_s == 2.0
     assert tpot(a) == pytest.approx(0.9 / 4) and tpot(RequestStats(output_tokens=1, ttft_s=0.1, total_s=0.1)) is None
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel-peak", "sampled"])
+def test_peak_rss_sees_a_request_s_peak_and_forgets_it_at_reset(kernel):
+    if kernel and not runner.PeakRss._kernel_peak_works():
+        pytest.fail("this Linux has no resettable peak RSS (/proc/self/clear_refs): the bench would sample it")
+    mib = 1 << 20
+    with runner.PeakRss(interval=0.001, kernel=kernel) as rss:
+        assert (rss._thread is None) == kernel  # the kernel keeps the peak: no sampler runs beside the request
+        rss.reset()
+        before = rss.peak()
+        block = bytearray(256 * mib)
+        for i in range(0, len(block), 4096):  # touch every page: resident, not just reserved
+            block[i] = 1
+        in_use = rss.current()
+        if not kernel:  # until the sampler has seen the block (a condition, with a deadline, not a guessed sleep)
+            deadline = time.monotonic() + 10
+            while rss._peak < in_use - mib and time.monotonic() < deadline:
+                threading.Event().wait(rss.interval)
+        del block
+        # the kernel's RSS counters are per-CPU caches, synced every few dozen page faults: ~1 MiB of slack
+        assert rss.peak() >= before + 200 * mib and rss.peak() >= in_use - mib
+        rss.reset()
+        assert rss.peak() < before + 100 * mib

@@ -47,17 +47,18 @@ def test_slow_start_caps_a_new_requests_drafts_where_a_wide_pass_is_dear():
     dear.alpha = 1.0
     assert dear.best_k(1.0, k_max=8)[0] == 8
     ctl = AdaptiveK(dear, k_max=8)
-    assert ctl.k_cap == 1 and ctl.choose_k() == 1  # a wrong prior costs at most one plain pass
-    ctl.observe(1, 1, 0, 0.0, 1.15)  # rejected: the cap stays (and alpha falls)
-    assert ctl.k_cap == 1
+    # a wrong prior costs at most two plain passes: T(4) = 1.61 <= 3 T(1) = 1.8 < T(5) = 1.84
+    assert ctl.k_cap == 3 and ctl.choose_k() == 3
+    ctl.observe(3, 3, 0, 0.0, dear.target_cost(4))  # rejected: the cap stays (and alpha falls)
+    assert ctl.k_cap == 3
     ctl = AdaptiveK(dear, k_max=8)
     dear.alpha, dear.acceptance = 1.0, {}
     ks = []
-    for _ in range(5):  # each fully accepted draft doubles the cap, up to k_max
+    for _ in range(4):  # each fully accepted draft doubles the rows a draft may cost (4 -> 8), up to k_max
         k = ctl.choose_k()
         ctl.observe(k, k, k, 0.0, dear.target_cost(k + 1))
         ks.append(k)
-    assert ks == [1, 2, 4, 8, 8]
+    assert ks == [3, 7, 8, 8]
     # Packed fp32 weights and a llama.cpp draft: a fully rejected 8-token draft costs less than one
     # extra plain pass, so slow start changes nothing there.
     cheap = CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808}, draft_s_per_token=0.040, frozen=True)
@@ -251,7 +252,7 @@ def test_how_far_is_the_fastest_k_up_to_the_slow_start_cap():
     ctl = AdaptiveK(dear, k_max=8)
     sure = [1.0] * 4
     assert dear.best_k(sure, 8)[0] == 8
-    assert ctl._how_far(sure) == dear.best_k(sure, 1) and ctl._how_far(sure)[0] == 1  # a new request risks 1
+    assert ctl._how_far(sure) == dear.best_k(sure, 3) and ctl._how_far(sure)[0] == 3  # a new request risks 3
     cheap = CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808}, draft_s_per_token=0.040, frozen=True)
     ctl = AdaptiveK(cheap, k_max=8)
     assert ctl.k_cap == 8 and ctl._how_far([0.9] * 4) == cheap.best_k([0.9] * 4, 8)
@@ -491,4 +492,4 @@ def test_the_reason_says_when_slow_start_caps_k():
     dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)
     dear.alpha = 1.0
     ctl = AdaptiveK(dear, k_max=8)
-    assert ctl.choose_k() == 1 and ctl.reason.endswith("slow start cap 1")
+    assert ctl.choose_k() == 3 and ctl.reason.endswith("slow start cap 3")

@@ -117,7 +117,7 @@ def test_only_a_shadow_as_long_as_the_slow_start_cap_doubles_it():
         ctl.observe_shadow(1, 1, "suffix-1")
     assert ctl.k_cap == cap
     ctl.observe_shadow(cap, cap, "suffix-4..7")
-    assert ctl.k_cap == min(2 * cap, 16)
+    assert ctl.k_cap == min(2 * (cap + 1) - 1, 16)  # twice the rows
 
 
 def test_shadow_evidence_leaves_a_request_its_first_probe():
