@@ -5,7 +5,9 @@ alternating requests. Every llama_decode is timed (llama_cpp._internals.LlamaCon
 are timed by wrapping its functions (a wrapper adds ~1 µs to each), so `outside llama_decode` is the Python around
 each pass, the detokenizer included on both sides.
 
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/step_overhead.py [TOKENS]   # ~1 min
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/step_overhead.py [TOKENS] [--speculative]
+        # ~1 min; --speculative adds spekula's default (suffix drafting, k=auto) as a third contender, with
+        # its proposer's and controller's stages timed, and prints what each of its requests drafted
 
 The wrapped stages are read right after a pass that streamed ~1 GB of weights through the caches, which is
 why they cost several times what a microbenchmark of the same call in a loop finds (torch.tensor([]) 2 µs
@@ -23,6 +25,13 @@ This script on 304505c, later that session, with a pass at ~40 ms on a slower, n
 ~1.5x dearer): outside llama_decode 676 against llama-cpp-python's 516, Generation._accept 163, the
 detokenizer 93 against 116; llama_decode itself 39.9 against 40.1 ms. So spekula's loop still spends
 ~0.15 ms a token more than llama-cpp-python's around the same pass, ~0.4% of it.
+
+2026-12-02 (AVX-512 machine, commit 5715042 plus this option), `200 --speculative`: the default drafted 63 to 67
+tokens in ~10 of ~155 steps. Outside llama_decode, per pass: the default 940 µs, spekula plain 533, llama-cpp-python
+464 (llama_decode ~33 ms a token). Per token, the default against plain: Generation.plan 119 against 21 (the suffix
+lookup, SuffixProposer.draft_class, 49; AdaptiveK.choose_k 54), Generation._advance 45 against 15 (the suffix tree's
+update, SuffixProposer.observe, 30), Generation.complete 217 against 162 (AdaptiveK.observe 27). So the speculative
+loop's own Python costs ~1.2% of a pass more than the plain loop's, which a category that drafts nothing pays.
 """
 
 import collections
@@ -33,14 +42,16 @@ import time
 import llama_cpp._internals as internals
 
 import spekula.backends.llamacpp as llamacpp
+import spekula.control as control
 import spekula.engine as engine
+import spekula.proposers.suffix as suffix
 import spekula.text as text
 from spekula.bench.reference import LLAMA_CPP_PYTHON, LlamaCppPythonLoop, LlamaSettings, ReferenceContender
 from spekula.bench.runner import SpecChoice, build_contenders, parse_spec
 from spekula.config import BackendConfig, SamplingParams, StopConfig
 from spekula.pipeline import load_model
 
-TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+TOKENS = int(next((a for a in sys.argv[1:] if a.isdigit()), 200))
 seconds: dict[str, float] = collections.defaultdict(float)
 
 
@@ -63,26 +74,40 @@ timed(engine.Generation, "plan", "Generation.plan")
 timed(engine.Generation, "_accept", "Generation._accept")
 timed(engine.Generation, "_advance", "Generation._advance")
 timed(text.IncrementalDetokenizer, "feed", "IncrementalDetokenizer.feed")
+SPECULATIVE = "--speculative" in sys.argv[1:]
+if SPECULATIVE:
+    timed(engine.Generation, "complete", "Generation.complete")
+    timed(suffix.SuffixProposer, "draft_class", "SuffixProposer.draft_class")
+    timed(suffix.SuffixProposer, "observe", "SuffixProposer.observe")
+    timed(control.AdaptiveK, "choose_k", "AdaptiveK.choose_k")
+    timed(control.AdaptiveK, "observe", "AdaptiveK.observe")
 
 backend, codec = load_model("qwen2.5-coder-1.5b", BackendConfig(runtime="llamacpp", threads=2, context_length=4096))
-(plain,) = build_contenders(backend, codec, [SpecChoice("none", 0)], None)
+choices = [SpecChoice("none", 0)] + ([SpecChoice("suffix", None)] if SPECULATIVE else [])
+(plain, *speculative) = build_contenders(backend, codec, choices, None)
 (choice,) = parse_spec(f"loop={LLAMA_CPP_PYTHON}", "none", None)
 reference = ReferenceContender(choice, LlamaCppPythonLoop(LlamaSettings.of(backend), codec, model=backend.model))
 prompt = codec.encode("Write a long story about a lighthouse keeper who")
 stop = StopConfig(max_tokens=TOKENS, ignore_eos=True)
-for contender in (plain, reference):  # warm-up
+contenders = [plain, reference, *speculative]
+for contender in contenders:  # warm-up
     contender.start(prompt, SamplingParams(), StopConfig(max_tokens=4, ignore_eos=True)).result()
-per_token: dict[str, dict[str, list[float]]] = {plain.name: {}, reference.name: {}}
+per_token: dict[str, dict[str, list[float]]] = {c.name: {} for c in contenders}
 for repeat in range(4):
-    for contender in (plain, reference) if repeat % 2 == 0 else (reference, plain):
+    for contender in contenders if repeat % 2 == 0 else contenders[::-1]:
         contender.forget("")
         seconds.clear()
         start = time.perf_counter()
         done = contender.start(prompt, SamplingParams(), stop).result()
         total = time.perf_counter() - start
         n = len(done.token_ids)
+        if contender in speculative:
+            ks = dict(sorted(done.stats.k_chosen.items()))
+            print(f"{contender.name}: drafted {done.stats.drafted}, steps by k {ks}")
         row = per_token[contender.name]
         row.setdefault("outside llama_decode", []).append((total - seconds["llama_decode"]) / n * 1e6)
+        passes = done.stats.target_passes or n  # llama-cpp-python's loop counts none: one pass a token
+        row.setdefault("outside llama_decode, per pass", []).append((total - seconds["llama_decode"]) / passes * 1e6)
         for key, value in seconds.items():
             row.setdefault(key, []).append(value / n * 1e6)
 for name, row in per_token.items():

@@ -269,19 +269,21 @@ class AdaptiveK(Controller):
         and n-gram acceptance in particular differs from prompt to prompt. So until a request has
         evidence of its own, a fully rejected draft may cost it at most SLOW_START_PASSES plain passes
         more than plain decoding: k <= the largest k with T(k + 1) + k T_draft <= (1 + SLOW_START_PASSES)
-        T(1). Each fully accepted draft doubles the rows a draft may cost (k + 1 -> 2 (k + 1)), up to k_max. Where
-        verification and drafts are cheap (packed fp32 weights, n-gram lookup) the cap starts at or near
-        k_max and changes little; a draft model's own steps count against it, so its cap starts lower;
-        where a wide pass is dear (transformers' fp32, llama.cpp on few cores) a wrong prior costs a
-        short draft instead of a long one.
+        T(1). Each fully accepted draft doubles the rows a draft may cost (k + 1 -> 2 (k + 1)), up to
+        k_max. Where verification and drafts are cheap (packed fp32 weights, n-gram lookup) the cap
+        starts at or near k_max and changes little; a draft model's own steps count against it, so its
+        cap starts lower; where a wide pass is dear (transformers' fp32, llama.cpp on few cores) a wrong
+        prior costs a short draft instead of a long one.
 
-        Why two passes and rows: with one pass (k <= 1 on llama.cpp, whose 2-row pass costs ~1.8 plain
+        Why two passes, and rows: with one pass (k <= 1 on llama.cpp, whose 2-row pass costs ~1.8 plain
         ones) a request's first drafts were the widths that lose most per row, and short outputs (JSON)
         never got past them; doubling k from 3 landed on 7 and 13 rows, between llama.cpp's 4-row
         groups, where doubling rows lands on 8 and 16. Replayed on the docs run's outputs
-        (scripts/experiments/ngram_replay.py; docs/BENCHMARKS.md, "Slow start"), both together took the
-        suffix proposer's median over every prompt from 1.176x to 1.224x at the AVX-512 pass costs and
-        from 1.163x to 1.172x at the AVX2 ones, and its JSON median from 0.979x to 1.014x (AVX-512)."""
+        (scripts/experiments/ngram_replay.py; docs/BENCHMARKS.md, "Slow start now risks two plain
+        passes"), both together took the suffix proposer's median over every prompt from 1.176x to
+        1.224x at the AVX-512 pass costs and from 1.163x to 1.172x at the AVX2 ones, and its JSON median
+        from 0.979x to 1.014x (AVX-512). The price: where a wide pass is dear, prose that drafts little
+        loses ~0.3% more to wrong first drafts (AVX2 costs: open chat 0.997x, was 1.000x)."""
         if self._k_cap is None:
             c = self.costs
             plain = c.target_cost(1)

@@ -446,6 +446,7 @@ class PeakRss:
 
     @classmethod
     def _kernel_peak_works(cls) -> bool:
+        """Whether this kernel resets and reports the peak (it resets it: call before measuring)."""
         try:
             cls.CLEAR_REFS.write_text("5")
             return cls._status_kib("VmHWM") > 0
