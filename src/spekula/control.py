@@ -282,8 +282,10 @@ class AdaptiveK(Controller):
         (scripts/experiments/ngram_replay.py; docs/BENCHMARKS.md, "Slow start now risks two plain
         passes"), both together took the suffix proposer's median over every prompt from 1.176x to
         1.224x at the AVX-512 pass costs and from 1.163x to 1.172x at the AVX2 ones, and its JSON median
-        from 0.979x to 1.014x (AVX-512). The price: where a wide pass is dear, prose that drafts little
-        loses ~0.3% more to wrong first drafts (AVX2 costs: open chat 0.997x, was 1.000x)."""
+        from 0.979x to 1.014x (AVX-512); on 40 prompts it was not chosen on, code editing 1.443x to 1.500x
+        (AVX-512) and 1.367x to 1.521x (AVX2). The price: prose that drafts little loses a little more to
+        wrong first drafts (open chat 1.000x to 0.997x at the AVX2 costs, 1.000x to 0.990x on the held-out
+        prompts at the AVX-512 ones)."""
         if self._k_cap is None:
             c = self.costs
             plain = c.target_cost(1)

@@ -298,10 +298,10 @@ class CostModel:
         """best_ks for one sequence: its j-th drafted token is the pass's j-th, so the greedy split is the draft
         itself and the search is one loop over k (the same sums in the same order: the same answer, bit for bit).
         A lone request asks at every step, several times (AdaptiveK), so this path avoids the heap."""
-        plain = best = 1.0 / self.target_cost(1)
         if outlook is None or outlook[1] <= 0:
             return [0], 1.0
         alpha, cap = outlook
+        plain = best = 1.0 / self.target_cost(1)
         # _rate(alpha, k - 1), inlined: a helper call per position is a large share of this loop's time
         rates = alpha if isinstance(alpha, Sequence) else None
         best_k, tokens, gain, per_draft = 0, 1.0, 1.0, self.draft_s_per_token

@@ -424,9 +424,9 @@ class PeakRss:
     On Linux the kernel keeps the peak itself (VmHWM in /proc/self/status; writing 5 to
     /proc/self/clear_refs resets it, Linux >= 4.0): exact, and nothing runs while a request is measured.
     Elsewhere a background thread samples the resident size (psutil) every `interval` seconds. That
-    thread is not free where the target's threads fill every core: on 2 cores, a sampler waking every
-    10 ms made llama.cpp's one-token pass 1 to 4% slower (median of 384 passes each way, alternating
-    blocks, two processes; a throwaway measurement, 2026-12-01), for every contender alike."""
+    thread is not free where the target's threads fill every core: on 2 cores, with a sampler waking
+    every 10 ms, llama.cpp's one-token passes were 2.6% to 4.9% slower in three processes of four
+    (scripts/experiments/rss_sampler.py), for every contender alike."""
 
     STATUS = Path("/proc/self/status")
     CLEAR_REFS = Path("/proc/self/clear_refs")
