@@ -161,9 +161,9 @@ class AdaptiveK(Controller):
     def _plain_reason(self, alpha: Sequence[float], k: int) -> str:
         if k > 0:
             return f"plain: k={k} would not win back a cold draft's catch-up"
-        c, cap = self.costs, self.k_cap
-        best, j = max((c.tokens_per_s(alpha, j), j) for j in range(1, cap + 1))
-        return f"plain: best k={j} predicts {best / c.tokens_per_s(alpha, 0):.2f}x"
+        speedups = self.costs.speedups(alpha, self.k_cap)
+        best, j = max(zip(speedups[1:], range(1, len(speedups))))  # ties to the longer draft
+        return f"plain: best k={j} predicts {best:.2f}x"
 
     def _how_far(self, alpha: Sequence[float]) -> tuple[int, float]:
         """(k, predicted speedup) fastest at this acceptance, up to the slow-start cap (k 0: plain wins)."""
@@ -192,14 +192,14 @@ class AdaptiveK(Controller):
         self._probe_gap = self._probe_gap or self.first_probe_gap
         self._plain_steps += 1
         base = base_acceptance(draft_class)
-        if base is not None and self.costs.best_k(base, self.k_max)[0] == 0:
-            return False
         fresh = base is not None and not self._probed and not self._verified
         gap = min(self._probe_gap, self.probe_every) if fresh else self._probe_gap
         if self._plain_steps < (1 if fresh else gap):
             return False
         if remaining is not None and remaining < gap:
             return False  # too few tokens left to win back what a probe costs, even if acceptance came back
+        if base is not None and self.costs.best_k(base, self.k_max)[0] == 0:
+            return False
         if catch_up and not self._usual_acceptance_pays_back(remaining, catch_up):
             return False
         self._plain_steps = 0

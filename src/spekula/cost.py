@@ -16,6 +16,7 @@ acceptance, is spekula.control's business (one request) or the scheduler's (a ba
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import math
@@ -43,7 +44,7 @@ DENSE_WIDTHS = 9
 ROW_GROUP = 4
 # The table no longer describes the machine when a one-token pass observed online differs from its
 # calibrated time by more than this fraction (calibration ran while the machine was busy, or it got
-# busy since): widths not observed since are scaled by the drift until they are re-measured.
+# busy since): every width follows the drift (CostModel) until they are re-measured.
 DRIFT = 0.3
 # Engine steps between two re-measurements at least, doubling after each: a drift that measuring again
 # does not remove (the context grew, and with it every pass) must not cost a calibration every few requests.
@@ -79,10 +80,17 @@ def base_acceptance(draft_class: str | None) -> list[float] | None:
     miss), and at position i as if the match were i tokens longer, since an accepted token lengthens
     it. A long match is itself evidence that text is being copied; a 1-token match is weak. None: the
     class names no match length (a draft model), and the engine-wide alpha stands in."""
+    base = _base(draft_class)
+    return None if base is None else list(base)
+
+
+@functools.lru_cache(maxsize=1024)  # read for every class at every step (CostModel.tick)
+def _base(draft_class: str | None) -> tuple[float, ...] | None:
+    """base_acceptance, as a tuple nobody can change."""
     m = match_length(draft_class)
     if m is None:
         return None
-    return [(m + i) / (m + i + 2) for i in range(POSITIONS)]
+    return tuple((m + i) / (m + i + 2) for i in range(POSITIONS))
 
 
 def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
@@ -91,20 +99,32 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
     last rate holds for later positions)."""
     if k == 0:
         return 1.0
-    if not isinstance(alpha, Sequence):
+    rates = _by_position(alpha)
+    if rates is None:
         if alpha >= 1.0:
             return k + 1.0
         return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-    total, reach = 1.0, 1.0
+    total, reach, last = 1.0, 1.0, len(rates) - 1
     for i in range(k):
-        reach *= _rate(alpha, i)
+        reach *= rates[min(i, last)]
         total += reach
     return total
 
 
 def _rate(alpha: float | Sequence[float], i: int) -> float:
     """The chance draft position i (from 0) is accepted given every earlier one was (expected_tokens' alpha)."""
-    return alpha[min(i, len(alpha) - 1)] if isinstance(alpha, Sequence) else alpha
+    rates = _by_position(alpha)
+    return alpha if rates is None else rates[min(i, len(rates) - 1)]
+
+
+def _by_position(alpha: float | Sequence[float]) -> Sequence[float] | None:
+    """alpha's rates by draft position, or None for one rate for all. The controller asks with a list at every
+    step, several times: lists, tuples and numbers are told apart without the (slow) abstract Sequence check."""
+    if isinstance(alpha, (list, tuple)):
+        return alpha
+    if isinstance(alpha, (float, int)):
+        return None
+    return alpha if isinstance(alpha, Sequence) else None
 
 
 @dataclass
@@ -113,9 +133,14 @@ class CostModel:
 
     target_s[n]: seconds for one target pass over n tokens (EMA of observations); widths never
     measured are interpolated linearly between measured ones (extrapolated with the last slope).
-    calibrated: target_s as calibrate left it. A width not observed online since is scaled by how far
-    the one-token pass observed online has drifted from its calibrated time (drift), and stale() says
-    when the table should be measured again.
+    calibrated: target_s as calibrate left it. The machine's speed drifts (other work, a busy
+    calibration; a host's time per token swung 4x within a docs run), and plain steps observe only the
+    one-token pass, so its drift from its calibrated time stands for the machine's: a width not observed
+    online since calibrate is scaled by it, and a width observed online by how far it moved since that
+    width was last observed. A width timed while the machine was slow then does not look dear once it is
+    fast again, which would keep the controller off it (and so from ever observing it again). stale()
+    says when the table should be measured again. Change target_s through observe_target and
+    calibrate, or assign a new table: the costs derived from it (target_cost) are kept until then.
     draft_s_per_token: seconds per drafted token (draft forward, or n-gram lookup ~ 0).
     alpha: running acceptance rate over all requests, the prior for a new request.
     acceptance: per draft class (Proposer.draft_class), the running chance that draft position i is
@@ -138,15 +163,43 @@ class CostModel:
     _online: set[int] = field(default_factory=set, init=False, repr=False)  # widths observed since calibrate
     _calibrated_at: int | None = field(default=None, init=False, repr=False)  # steps at the last calibrate
     _recalibrations: int = field(default=0, init=False, repr=False)
+    # target_cost(n) for n = 0 .. len - 1 (0 unused), as the table stands: the controller searches it several
+    # times a step, and plain steps change it at every step (the one-token pass), so it is built once for all of
+    # them. Emptied whenever the table changes (_forget_costs).
+    _costs: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+    _measured: list[tuple[int, float]] = field(default_factory=list, init=False, repr=False, compare=False)
+    # Per width observed online since calibrate (past one token): the drift when it was last observed.
+    _drift_at: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        if name in _TABLES:  # a table assigned whole (tests, given costs): what was derived from the old one goes
+            self._forget_costs()
+
+    def _forget_costs(self) -> None:
+        object.__setattr__(self, "_costs", [])
 
     def observe_target(self, n: int, seconds: float) -> None:
         if self.frozen:
             return
         old = self.target_s.get(n)
-        if old is not None and n not in self._online and self.calibrated:
-            old *= self.drift  # the calibrated time, as the drift seen since has already scaled it
+        if old is not None:
+            old = self._seconds_now(n, old)  # as the drift since it was last observed (or calibrated) scaled it
         self.target_s[n] = seconds if old is None else (1 - EMA) * old + EMA * seconds
         self._online.add(n)
+        self._forget_costs()
+        if n > 1 and self.calibrated.get(1):
+            self._drift_at[n] = self.drift
+
+    def _seconds_now(self, n: int, seconds: float) -> float:
+        """A measured width's seconds (target_s[n]) as the table stands now (see the class's docstring)."""
+        if not self.calibrated.get(1):
+            return seconds
+        if n == 1:
+            return seconds if 1 in self._online else seconds * self.drift
+        if n in self._drift_at:
+            return seconds * self.drift / self._drift_at[n]
+        return seconds if n in self._online else seconds * self.drift
 
     @property
     def drift(self) -> float:
@@ -172,10 +225,10 @@ class CostModel:
         relax = RELAX_PER_STEP
         self.alpha += (PRIOR_ALPHA - self.alpha) * relax
         for draft_class, rates in self.acceptance.items():
-            base = base_acceptance(draft_class) or [PRIOR_ALPHA] * POSITIONS
+            base = _base(draft_class) or _PRIOR_RATES
             for i, rate in enumerate(rates):
                 if rate is not None:
-                    rates[i] = rate + (base[min(i, len(base) - 1)] - rate) * relax
+                    rates[i] = rate + (base[i] - rate) * relax
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
         if self.frozen:
@@ -201,7 +254,7 @@ class CostModel:
         accepted token lengthens the match (so a rate learnt at the first position carries to later
         ones that short drafts never reach)."""
         rates, last = [], self.alpha
-        base = base_acceptance(draft_class)
+        base = _base(draft_class)
         for i, rate in enumerate(self.acceptance.get(draft_class, [None] * POSITIONS)):
             if base is None:
                 last = rate if rate is not None else last
@@ -210,32 +263,67 @@ class CostModel:
             rates.append(last)
         return rates
 
-    def _cost(self, n: int) -> float:
-        """A measured width's seconds; one not observed since calibrate scaled by the drift."""
-        seconds = self.target_s[n]
-        return seconds if n in self._online or not self.calibrated else seconds * self.drift
-
     def target_cost(self, n: int) -> float:
         """Seconds for a target pass over n tokens: measured, or interpolated between measured widths."""
-        if n in self.target_s:
-            return self._cost(n)
-        known = sorted(self.target_s)
-        if not known:
-            raise ValueError("the cost model has no measurement yet; call calibrate() first")
-        if len(known) == 1:
-            return self._cost(known[0])
-        lo = max([m for m in known if m < n], default=None)
-        hi = min([m for m in known if m > n], default=None)
-        if lo is None:
-            lo, hi = known[0], known[1]
-        elif hi is None:
-            lo, hi = known[-2], known[-1]
-        slope = (self._cost(hi) - self._cost(lo)) / (hi - lo)
-        return max(self._cost(lo) + slope * (n - lo), 1e-9)
+        costs = self._costs
+        if n < len(costs):
+            return costs[n]
+        return self._costs_up_to(n)[n]
+
+    def _costs_up_to(self, n: int) -> list[float]:
+        """target_cost for every width up to n at least, by width (see _costs): measured (_measured_now), or on
+        the line through the measured widths on either side (past either end, through the last two)."""
+        costs = self._costs
+        if n < len(costs):
+            return costs
+        if not costs:
+            self._measured = sorted(self._measured_now().items())
+            if not self._measured:
+                raise ValueError("the cost model has no measurement yet; call calibrate() first")
+            costs.append(0.0)
+        measured, last = self._measured, len(self._measured) - 1
+        i = bisect.bisect_left(measured, (len(costs),))  # the first measured width >= the next one to fill
+        for width in range(len(costs), n + 1):
+            while i <= last and measured[i][0] < width:
+                i += 1
+            if i <= last and measured[i][0] == width:
+                costs.append(measured[i][1])
+            elif last == 0:
+                costs.append(measured[0][1])
+            else:
+                j = i if 0 < i <= last else (1 if i == 0 else last)
+                (lo, lo_s), (hi, hi_s) = measured[j - 1], measured[j]
+                costs.append(max(lo_s + (hi_s - lo_s) / (hi - lo) * (width - lo), 1e-9))
+        return costs
+
+    def _measured_now(self) -> dict[int, float]:
+        """Every measured width's seconds as the table stands now (_seconds_now)."""
+        if not self.calibrated.get(1):
+            return dict(self.target_s)
+        drift, online, drift_at = self.drift, self._online, self._drift_at
+        now = {}
+        for n, seconds in self.target_s.items():
+            if n in drift_at:
+                now[n] = seconds * drift / drift_at[n]
+            else:
+                now[n] = seconds if n in online else seconds * drift
+        return now
 
     def tokens_per_s(self, alpha: float | Sequence[float], k: int) -> float:
         """Expected tokens per second of one sequence drafting k tokens a step at this acceptance."""
         return expected_tokens(alpha, k) / (self.target_cost(k + 1) + k * self.draft_s_per_token)
+
+    def speedups(self, alpha: float | Sequence[float], k_max: int) -> list[float]:
+        """Predicted speedup over plain decoding of drafting k tokens a step, for k = 0 .. k_max (tokens_per_s
+        over tokens_per_s at k = 0), in one pass over the draft positions."""
+        costs = self._costs_up_to(k_max + 1)
+        rates = _by_position(alpha)
+        out, tokens, gain, per_draft = [1.0], 1.0, 1.0, self.draft_s_per_token
+        for k in range(1, k_max + 1):
+            gain *= alpha if rates is None else rates[k - 1 if k <= len(rates) else -1]
+            tokens += gain
+            out.append(tokens / (costs[1 + k] + k * per_draft) * costs[1])
+        return out
 
     def best_k(self, alpha: float | Sequence[float], k_max: int) -> tuple[int, float]:
         """(k, predicted speedup over plain decoding) maximising expected tokens per second of one
@@ -301,14 +389,19 @@ class CostModel:
         if outlook is None or outlook[1] <= 0:
             return [0], 1.0
         alpha, cap = outlook
-        plain = best = 1.0 / self.target_cost(1)
-        # _rate(alpha, k - 1), inlined: a helper call per position is a large share of this loop's time
-        rates = alpha if isinstance(alpha, Sequence) else None
+        costs = self._costs_up_to(cap + 1)
+        plain = best = 1.0 / costs[1]
+        # _rate(alpha, k - 1) for k = 1 .. cap, made once: a helper call per position is a large share of this loop
+        rates = _by_position(alpha)
+        if rates is None:
+            rates = [alpha] * cap
+        elif len(rates) < cap:
+            rates = [*rates, *[rates[-1]] * (cap - len(rates))]
         best_k, tokens, gain, per_draft = 0, 1.0, 1.0, self.draft_s_per_token
-        for k in range(1, cap + 1):
-            gain *= alpha if rates is None else rates[min(k - 1, len(rates) - 1)]
+        for k, rate_k, cost in zip(range(1, cap + 1), rates, costs[2 : cap + 2]):
+            gain *= rate_k
             tokens += gain
-            rate = tokens / (self.target_cost(1 + k) + k * per_draft)
+            rate = tokens / (cost + k * per_draft)
             if rate >= best:  # ties to the longer drafts
                 best, best_k = rate, k
         return [best_k], best / plain
@@ -367,6 +460,8 @@ class CostModel:
             self.target_s.update(timed)
             self.calibrated = dict(self.target_s)
             self._online.clear()
+            self._drift_at.clear()
+            self._forget_costs()
             self._calibrated_at = self.steps
         if draft is not None:
             dseq = draft.new_sequence()
@@ -379,6 +474,10 @@ class CostModel:
                 self.observe_draft(1, time.perf_counter() - start)
                 dseq.truncate(context)
             dseq.release()
+
+
+_TABLES = frozenset({"target_s", "calibrated"})  # CostModel's tables: assigning one forgets the costs derived
+_PRIOR_RATES = (PRIOR_ALPHA,) * POSITIONS
 
 
 def calibration_widths(k_max: int, every: bool = False) -> list[int]:

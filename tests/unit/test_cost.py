@@ -169,6 +169,106 @@ def test_widths_not_observed_since_calibration_follow_the_drift_of_the_one_token
     assert c.stale()
 
 
+def test_a_width_observed_while_the_machine_was_slow_follows_the_one_token_pass_once_it_is_fast_again():
+    # llama.cpp on 2 cores (AVX-512 host): the host ran twice as slow for a while, and drafts of 3 observed 4-row
+    # passes then; since, plain steps observe the one-token pass back at its calibrated time
+    ms = {1: 28.5, 2: 51.6, 3: 66.2, 4: 78.6, 5: 106, 8: 143.5, 9: 141.4, 12: 164.7, 13: 180.2, 16: 148.4, 17: 203.2}
+    c = CostModel()
+    c.target_s = {n: v / 1000 for n, v in ms.items()}
+    c.calibrated = dict(c.target_s)
+    c._calibrated_at = 0
+    for step in range(30):
+        c.observe_target(1, 2 * 0.0285)
+        if step % 10 == 9:
+            c.observe_target(4, 2 * 0.0786)
+    assert c.drift == pytest.approx(2.0, rel=0.01) and c.target_cost(4) == pytest.approx(2 * 0.0786, rel=0.05)
+    for _ in range(40):
+        c.observe_target(1, 0.0285)
+    assert c.drift == pytest.approx(1.0, rel=0.01)
+    # the 4-row pass is as dear as the one-token pass says, not as dear as it was when observed
+    assert c.target_cost(4) == pytest.approx(0.0786, rel=0.02) and c.target_cost(3) == pytest.approx(0.0662, rel=0.02)
+    assert c.best_k([0.9] * 4, 4)[0] == 3  # with the 4-row pass at twice its cost, k = 2 (3 rows) won
+    c.observe_target(4, 0.0786 * 1.5)  # observed again: its own measurement, blended from where the drift put it
+    assert c.target_cost(4) == pytest.approx(0.0786 * (0.8 * 1.0 + 0.2 * 1.5), rel=0.02)
+
+
+def _reference_cost(c: CostModel, n: int) -> float:
+    """target_cost as the CostModel docstring states it, computed from scratch (no kept table)."""
+    calibrated = bool(c.calibrated.get(1))
+    drift = c.target_s[1] / c.calibrated[1] if calibrated and 1 in c._online else 1.0
+    measured = {}
+    for m, seconds in c.target_s.items():
+        if not calibrated:
+            measured[m] = seconds
+        elif m in c._drift_at:  # observed online: scaled by the drift since then
+            measured[m] = seconds * drift / c._drift_at[m]
+        else:
+            measured[m] = seconds if m in c._online else seconds * drift
+    if n in measured:
+        return measured[n]
+    known = sorted(measured)
+    if len(known) == 1:
+        return measured[known[0]]
+    below, above = [m for m in known if m < n], [m for m in known if m > n]
+    lo, hi = (known[0], known[1]) if not below else (known[-2], known[-1]) if not above else (below[-1], above[0])
+    return max(measured[lo] + (measured[hi] - measured[lo]) / (hi - lo) * (n - lo), 1e-9)
+
+
+def test_the_costs_kept_between_changes_are_the_table_s_costs_after_every_change():
+    """target_cost keeps the costs it derived until the table changes (observe_target, calibrate, a table
+    assigned whole): at every point of random histories they equal the rule computed from scratch."""
+    rng = random.Random(7)
+    for trial in range(60):
+        widths = sorted(rng.sample(range(1, 20), rng.randint(1, 8)))
+        c = CostModel()
+        c.target_s = {n: rng.uniform(0.01, 0.5) for n in widths}
+        if trial % 3:
+            c.calibrated = dict(c.target_s)
+        for _ in range(30):
+            what = rng.random()
+            if what < 0.6:
+                c.observe_target(rng.choice([1, 1, *range(1, 22)]), rng.uniform(0.01, 0.5))
+            elif what < 0.65:
+                c.target_s = {**c.target_s, rng.randint(1, 24): rng.uniform(0.01, 0.5)}
+            for n in rng.sample(range(1, 40), 5):
+                assert c.target_cost(n) == pytest.approx(_reference_cost(c, n), rel=1e-12), (trial, n)
+    costs = CostModel()
+    costs.calibrate(random_table_backend(20, seed=0), k_max=4)
+    assert [costs.target_cost(n) for n in range(1, 6)] == [costs.calibrated[n] for n in range(1, 6)]
+
+
+def test_predicted_speedups_by_k_are_the_rate_of_each_k_over_plain_decoding():
+    c = CostModel(target_s={1: 0.03, 2: 0.05, 4: 0.08, 8: 0.14, 16: 0.15, 17: 0.2}, frozen=True, draft_s_per_token=1e-3)
+    for alpha in (0.3, 0.9, [0.5, 0.7, 0.8, 0.9], (0.99,)):
+        speedups = c.speedups(alpha, 16)
+        plain = c.tokens_per_s(alpha, 0)
+        assert speedups == pytest.approx([c.tokens_per_s(alpha, k) / plain for k in range(17)], rel=1e-12)
+        k, best = c.best_k(alpha, 16)
+        assert best == pytest.approx(max(speedups)) and speedups[k] == pytest.approx(best)
+
+
+def test_acceptance_rates_are_read_alike_from_lists_tuples_numbers_and_other_sequences():
+    class Rates:  # a Sequence that is neither a list nor a tuple
+        def __init__(self, *rates):
+            self.rates = rates
+
+        def __len__(self):
+            return len(self.rates)
+
+        def __getitem__(self, i):
+            return self.rates[i]
+
+    from collections.abc import Sequence
+
+    Sequence.register(Rates)
+    expected = expected_tokens([0.5, 0.8], 4)
+    assert expected_tokens((0.5, 0.8), 4) == expected_tokens(Rates(0.5, 0.8), 4) == expected
+    assert expected_tokens(0.5, 4) == expected_tokens([0.5], 4) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
+    assert expected_tokens(1, 4) == 5.0
+    c = CostModel(target_s={1: 0.03, 4: 0.06, 9: 0.2}, frozen=True)
+    assert c.best_k(Rates(0.5, 0.8), 8) == c.best_k([0.5, 0.8], 8) == c.best_k((0.5, 0.8), 8)
+
+
 def test_a_stale_table_is_measured_again_before_the_next_request():
     target = random_table_backend(20, seed=0)
     engine = Engine(target, DraftModelFactory(random_table_backend(20, seed=1)), SpecConfig(k=None, k_max=3))
