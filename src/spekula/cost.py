@@ -212,7 +212,7 @@ class CostModel:
         """Should the pass costs be measured again? When the one-token pass observed online drifted
         from its calibrated time by more than DRIFT (either way), and RECALIBRATE_GAP engine steps have
         passed since the last calibration (twice that after each re-measurement). Until then
-        target_cost scales the widths not observed since by the drift."""
+        target_cost scales every width by the drift (see the class)."""
         if self.frozen or not self.calibrated or self._calibrated_at is None:
             return False
         if self.steps - self._calibrated_at < RECALIBRATE_GAP * 2**self._recalibrations:
