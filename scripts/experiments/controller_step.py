@@ -12,7 +12,9 @@ weights through the caches (scripts/experiments/step_overhead.py --speculative t
 2026-12-02 (AVX-512 machine), µs per step, choose_k + observe, three runs of each, alternating: commit 5656d46 (three
 best_k searches a step, each target_cost call scaling a width by the drift or interpolating anew, abc Sequence checks)
 40.7, 40.3, 40.7; the commit after it (target_cost from a table built once per change of the costs, the plain step's
-reason in one pass over k, lists told from numbers without the abc check) 13.4, 12.5, 12.5.
+reason in one pass over k, lists told from numbers without the abc check) 13.4, 12.5, 12.5. Later, with the table
+built through the same per-width function as an observation's (CostModel._seconds_now), on a noisier host: 5656d46
+46.8, 78.4, 46.1 against 16.4, 16.0, 24.1.
 """
 
 import random

@@ -298,16 +298,7 @@ class CostModel:
 
     def _measured_now(self) -> dict[int, float]:
         """Every measured width's seconds as the table stands now (_seconds_now)."""
-        if not self.calibrated.get(1):
-            return dict(self.target_s)
-        drift, online, drift_at = self.drift, self._online, self._drift_at
-        now = {}
-        for n, seconds in self.target_s.items():
-            if n in drift_at:
-                now[n] = seconds * drift / drift_at[n]
-            else:
-                now[n] = seconds if n in online else seconds * drift
-        return now
+        return {n: self._seconds_now(n, seconds) for n, seconds in self.target_s.items()}
 
     def tokens_per_s(self, alpha: float | Sequence[float], k: int) -> float:
         """Expected tokens per second of one sequence drafting k tokens a step at this acceptance."""
