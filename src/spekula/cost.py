@@ -195,8 +195,6 @@ class CostModel:
         """A measured width's seconds (target_s[n]) as the table stands now (see the class's docstring)."""
         if not self.calibrated.get(1):
             return seconds
-        if n == 1:
-            return seconds if 1 in self._online else seconds * self.drift
         if n in self._drift_at:
             return seconds * self.drift / self._drift_at[n]
         return seconds if n in self._online else seconds * self.drift
@@ -307,13 +305,23 @@ class CostModel:
     def speedups(self, alpha: float | Sequence[float], k_max: int) -> list[float]:
         """Predicted speedup over plain decoding of drafting k tokens a step, for k = 0 .. k_max (tokens_per_s
         over tokens_per_s at k = 0), in one pass over the draft positions."""
+        rates = self._tokens_per_s_by_k(alpha, k_max)
+        return [rate / rates[0] for rate in rates]
+
+    def _tokens_per_s_by_k(self, alpha: float | Sequence[float], k_max: int) -> list[float]:
+        """tokens_per_s(alpha, k) for k = 0 .. k_max, in one pass over the draft positions: the controller asks
+        at every step, several times, and a helper call per position is a large share of this loop's time."""
         costs = self._costs_up_to(k_max + 1)
-        rates = _by_position(alpha)
-        out, tokens, gain, per_draft = [1.0], 1.0, 1.0, self.draft_s_per_token
-        for k in range(1, k_max + 1):
-            gain *= alpha if rates is None else rates[k - 1 if k <= len(rates) else -1]
+        by_position = _by_position(alpha)  # _rate(alpha, k - 1) for k = 1 .. k_max, made once
+        if by_position is None:
+            by_position = [alpha] * k_max
+        elif len(by_position) < k_max:
+            by_position = [*by_position, *[by_position[-1]] * (k_max - len(by_position))]
+        out, tokens, gain, per_draft = [1.0 / costs[1]], 1.0, 1.0, self.draft_s_per_token
+        for k, rate_k, cost in zip(range(1, k_max + 1), by_position, costs[2 : k_max + 2]):
+            gain *= rate_k
             tokens += gain
-            out.append(tokens / (costs[1 + k] + k * per_draft) * costs[1])
+            out.append(tokens / (cost + k * per_draft))
         return out
 
     def best_k(self, alpha: float | Sequence[float], k_max: int) -> tuple[int, float]:
@@ -380,22 +388,12 @@ class CostModel:
         if outlook is None or outlook[1] <= 0:
             return [0], 1.0
         alpha, cap = outlook
-        costs = self._costs_up_to(cap + 1)
-        plain = best = 1.0 / costs[1]
-        # _rate(alpha, k - 1) for k = 1 .. cap, made once: a helper call per position is a large share of this loop
-        rates = _by_position(alpha)
-        if rates is None:
-            rates = [alpha] * cap
-        elif len(rates) < cap:
-            rates = [*rates, *[rates[-1]] * (cap - len(rates))]
-        best_k, tokens, gain, per_draft = 0, 1.0, 1.0, self.draft_s_per_token
-        for k, rate_k, cost in zip(range(1, cap + 1), rates, costs[2 : cap + 2]):
-            gain *= rate_k
-            tokens += gain
-            rate = tokens / (cost + k * per_draft)
-            if rate >= best:  # ties to the longer drafts
-                best, best_k = rate, k
-        return [best_k], best / plain
+        rates = self._tokens_per_s_by_k(alpha, cap)
+        best_k = 0
+        for k in range(1, cap + 1):
+            if rates[k] >= rates[best_k]:  # ties to the longer drafts
+                best_k = k
+        return [best_k], rates[best_k] / rates[0]
 
     def calibrate(
         self,

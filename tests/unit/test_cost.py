@@ -1,6 +1,7 @@
 """The cost model: pass costs, expected tokens per pass, and the k that is fastest for one sequence or a batch."""
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -248,7 +249,7 @@ def test_predicted_speedups_by_k_are_the_rate_of_each_k_over_plain_decoding():
 
 
 def test_acceptance_rates_are_read_alike_from_lists_tuples_numbers_and_other_sequences():
-    class Rates:  # a Sequence that is neither a list nor a tuple
+    class Rates(Sequence):  # a Sequence that is neither a list nor a tuple
         def __init__(self, *rates):
             self.rates = rates
 
@@ -258,9 +259,6 @@ def test_acceptance_rates_are_read_alike_from_lists_tuples_numbers_and_other_seq
         def __getitem__(self, i):
             return self.rates[i]
 
-    from collections.abc import Sequence
-
-    Sequence.register(Rates)
     expected = expected_tokens([0.5, 0.8], 4)
     assert expected_tokens((0.5, 0.8), 4) == expected_tokens(Rates(0.5, 0.8), 4) == expected
     assert expected_tokens(0.5, 4) == expected_tokens([0.5], 4) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
