@@ -3,6 +3,7 @@ with each other and with the engine, every prompt ran under every configuration,
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -58,7 +59,26 @@ def test_every_prompt_under_every_configuration_interleaved(bench_run):
         assert {r["prompt_id"] for r in block} == {item.id}  # one prompt under every configuration, then the next
         assert sorted(r["config"] for r in block) == sorted(names)
     firsts = [by_order[i * len(names)]["config"] for i in range(len(items))]
-    assert len(set(firsts)) == len(items)  # the configuration that goes first rotates
+    assert len(set(firsts)) == len(items)  # the configuration that goes first changes
+    for i in range(len(items)):  # in the runner's balanced order
+        block = [r["config"] for r in by_order[i * len(names) : (i + 1) * len(names)]]
+        assert block == runner.balanced_order(names, i)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_balanced_order_puts_every_contender_in_every_position_and_after_every_other_alike(n):
+    contenders = [f"c{i}" for i in range(n)]
+    design = 2 * n if n % 2 else n
+    for start in (0, 5):  # any run of consecutive rounds as long as the design
+        rows = [runner.balanced_order(contenders, start + r) for r in range(design)]
+        assert all(sorted(row) == contenders for row in rows)  # each round runs every contender once
+        positions = {(c, i) for row in rows for i, c in enumerate(row)}
+        assert len(positions) == n * n  # every contender in every position
+        follows = collections.Counter((row[i - 1], row[i]) for row in rows for i in range(1, n))
+        if n > 1:
+            # every ordered pair of different contenders is adjacent, equally often: nobody always
+            # runs right after the same contender (a rotation of one fixed order fails this for n > 2)
+            assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1
 
 
 def test_numbers_agree_with_each_other_and_the_engine(bench_run):

@@ -6,8 +6,9 @@ plain decoding is the pipeline's `plain=True` path (k = 0 through the same loop)
 run another program's loop instead: `loop=llama-cpp-python` (spekula.bench.reference), llama-cpp-python's
 own plain decoding of the target's GGUF, as the bar spekula's llama.cpp runtime is measured against
 (`--baseline llama-cpp-python` puts every ratio over it). Each prompt runs
-under every configuration before the next prompt starts, and the order of configurations rotates
-from prompt to prompt, so drift of the machine (thermal, other processes) hits all of them alike.
+under every configuration before the next prompt starts, in an order that changes from prompt to prompt
+(balanced_order): drift of the machine (thermal, other processes) hits all of them alike, and so does
+whatever one request leaves behind for the next (no contender always runs right after the same one).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
@@ -34,6 +35,7 @@ from spekula.proposers import NGRAM, NONE, build_proposer, needs_model
 from spekula.text import IncrementalDetokenizer
 from spekula.trace import ListTrace
 
+T = TypeVar("T")
 PLAIN = "plain"
 WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped before any measured one
 RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
@@ -575,8 +577,7 @@ def run_inprocess(
         for repeat in range(repeats):
             namespace = repeat_namespace(repeat)
             for index, item in enumerate(items):
-                shift = (index + repeat) % len(contenders)
-                for c in contenders[shift:] + contenders[:shift]:
+                for c in balanced_order(contenders, index + repeat):
                     bar.set_postfix_str(f"{item.id} / {c.name}", refresh=False)
                     sampling_i = request_sampling(sampling, index, repeat)
                     stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
@@ -592,6 +593,30 @@ def run_inprocess(
     if sampling.greedy:
         identity_on_own_runtime(results, contenders)
     return results
+
+
+def balanced_order(contenders: list[T], round_: int) -> list[T]:
+    """The order contenders run in for one prompt: row `round_` (cyclically) of a Williams design.
+
+    Over any run of consecutive rounds as long as the design (len(contenders) rows, twice that for an odd
+    count), every contender runs once in every position AND runs right after every other contender equally
+    often. Rotating one fixed order covers the positions but not the neighbours: each contender would
+    always follow the same one, so whatever a request leaves behind for the next one (measured: the request
+    right after llama-cpp-python's ran ~2-3% slower, whichever spekula contender it was; docs/BENCHMARKS.md)
+    would fall on one contender only. Williams (1949): first row 0, 1, n-1, 2, n-2, ..., each next row adds
+    1 modulo n; for odd n the mirrored rows follow."""
+    n = len(contenders)
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(j + i) % n for j in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [contenders[j] for j in rows[round_ % len(rows)]]
 
 
 def identity_on_own_runtime(results: list[RequestResult], contenders: list[Contender | ReferenceContender]) -> None:
