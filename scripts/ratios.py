@@ -10,6 +10,11 @@ spekula's plain decoding for decode-only ratios, which that loop does not record
 Prints a Markdown table: one row per category and one for all prompts; a cell is "whole, decode only" (median
 of the per-prompt ratios; "n/a" where either side has no decode-only rate), then TPOT's ratio (below 1: faster
 per token) and τ of the configuration (output tokens over target passes, all its prompts of the category).
+
+--interval adds, after the whole-request median, a 95% bootstrap interval of it: the category's prompts drawn
+with replacement (each with all its repeats, since repeats of one prompt are not independent of each other),
+the median taken again, 2000 times with a fixed seed. How far one run's median can move on its own host is
+what a bar such as "never below 0.97x" must be read against (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ALL = "all"
+BOOTSTRAP_DRAWS = 2000
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -40,9 +47,26 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
+def median_interval(
+    ratios: dict[str, list[float]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0
+) -> tuple[float, float] | None:
+    """95% bootstrap interval of the median of every ratio, the prompts (keys; each with its repeats' ratios)
+    drawn with replacement; None without ratios."""
+    clusters = [v for v in ratios.values() if v]
+    if not clusters:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median([x for cluster in rng.choices(clusters, k=len(clusters)) for x in cluster])
+        for _ in range(draws)
+    )
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
 def table(requests: list[dict[str, Any]], over: str, configs: Sequence[str]) -> list[dict[str, Any]]:
     """One row per category (in the run's order) and one for all prompts: for each config, the medians of its
-    per-prompt ratios over `over` (requests that errored on either side are left out)."""
+    per-prompt ratios over `over` (requests that errored on either side are left out), and the whole-request
+    median's bootstrap interval (median_interval)."""
     by = {(r["config"], r["prompt_id"], r.get("repeat", 0)): r for r in requests if not r.get("error")}
     if not any(key[0] == over for key in by):
         raise SystemExit(f"no configuration {over!r} in these results")
@@ -57,6 +81,10 @@ def table(requests: list[dict[str, Any]], over: str, configs: Sequence[str]) -> 
                 if c == config and (over, pid, rep) in by and category in (ALL, r["category"])
             ]
             stats = [r["stats"] for r, _ in pairs]
+            by_prompt: dict[str, list[float]] = {}
+            for r, b in pairs:
+                if (x := ratio(r["tokens_per_s"], b["tokens_per_s"])) is not None:
+                    by_prompt.setdefault(r["prompt_id"], []).append(x)
             passes = sum(s["target_passes"] for s in stats)
             row[config] = {
                 "whole": median([ratio(r["tokens_per_s"], b["tokens_per_s"]) for r, b in pairs]),
@@ -66,20 +94,27 @@ def table(requests: list[dict[str, Any]], over: str, configs: Sequence[str]) -> 
                 "tpot": median([ratio(r["tpot_s"], b["tpot_s"]) for r, b in pairs]),
                 "tau": sum(s["output_tokens"] for s in stats) / passes if passes else None,
                 "prompts": len(pairs),
+                "interval": median_interval(by_prompt),
             }
         rows.append(row)
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], over: str, configs: Sequence[str]) -> str:
+def markdown(rows: list[dict[str, Any]], over: str, configs: Sequence[str], interval: bool = False) -> str:
     def f(x: float | None, spec: str, unit: str = "") -> str:
         return "n/a" if x is None else format(x, spec) + unit
 
-    head = " | ".join(f"{c}: whole, decode only; TPOT; τ" for c in configs)
+    def whole(v: dict[str, Any]) -> str:
+        if not interval or v["interval"] is None:
+            return f(v["whole"], ".3f", "x")
+        low, high = v["interval"]
+        return f"{f(v['whole'], '.3f', 'x')} [{low:.3f}, {high:.3f}]"
+
+    head = " | ".join(f"{c}: whole{' [95% interval]' if interval else ''}, decode only; TPOT; τ" for c in configs)
     lines = [f"| category (over {over}) | {head} |", "|---|" + "---|" * len(configs)]
     for row in rows:
         cells = [
-            f"{f(v['whole'], '.3f', 'x')}, {f(v['decode'], '.3f', 'x')}; {f(v['tpot'], '.3f')}; {f(v['tau'], '.2f')}"
+            f"{whole(v)}, {f(v['decode'], '.3f', 'x')}; {f(v['tpot'], '.3f')}; {f(v['tau'], '.2f')}"
             for v in (row[c] for c in configs)
         ]
         lines.append(f"| {row['category']} | " + " | ".join(cells) + " |")
@@ -91,6 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("results", type=Path, help="a bench run's results.json or results.json.gz")
     ap.add_argument("--over", required=True, help="the configuration every ratio is over")
     ap.add_argument("--configs", default=None, help="comma-separated configurations (default: all the others)")
+    ap.add_argument(
+        "--interval",
+        action="store_true",
+        help="a 95%% bootstrap interval of each whole-request median (prompts resampled)",
+    )
     args = ap.parse_args(argv)
     requests = load(args.results)
     names = list(dict.fromkeys(r["config"] for r in requests))
@@ -98,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [c for c in configs if c not in names]
     if unknown:
         ap.error(f"no configuration {', '.join(map(repr, unknown))} in these results; they have {', '.join(names)}")
-    print(markdown(table(requests, args.over, configs), args.over, configs))
+    print(markdown(table(requests, args.over, configs), args.over, configs, args.interval))
     return 0
 
 

@@ -49,3 +49,25 @@ def test_the_command_reads_gzip_and_prints_markdown(script, tmp_path, capsys):
     assert lines[3] == "| b | n/a, n/a; n/a; n/a |"
     with pytest.raises(SystemExit):
         script.main([str(path), "--over", "plain", "--configs", "nope"])
+
+
+def test_the_interval_of_a_median_resamples_prompts_with_their_repeats(script):
+    assert script.median_interval({}) is None
+    same = script.median_interval({"a": [1.0, 1.0], "b": [1.0]})
+    assert same == (1.0, 1.0)  # nothing varies: nothing to be unsure of
+    low, high = script.median_interval({f"p{i}": [0.9 + 0.02 * i, 0.91 + 0.02 * i] for i in range(10)})
+    assert 0.9 <= low < 0.99 < high <= 1.09  # the median of all 20 ratios is ~0.995, and it is not pinned
+    # one prompt drawn many times moves the median: its repeats travel together
+    wide = script.median_interval({"slow": [0.5, 0.5, 0.5], "fast": [1.5, 1.5, 1.5]})
+    assert wide == (0.5, 1.5)
+    assert script.median_interval({"a": [0.9, 1.1]}, seed=1) == script.median_interval({"a": [0.9, 1.1]}, seed=1)
+
+
+def test_the_command_prints_the_interval_on_request(script, tmp_path, capsys):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"requests": REQUESTS}))
+    assert script.main([str(path), "--over", "plain", "--interval"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "whole [95% interval]" in lines[0]
+    assert lines[2] == "| a | 1.750x [1.500, 2.000], 2.500x; 0.650; 2.00 |"  # a1 2.0x, a2 1.5x: drawn alone or together
+    assert lines[3] == "| b | n/a, n/a; n/a; n/a |"
