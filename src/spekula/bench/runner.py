@@ -599,12 +599,13 @@ def balanced_order(contenders: list[T], round_: int) -> list[T]:
     """The order contenders run in for one prompt: row `round_` (cyclically) of a Williams design.
 
     Over any run of consecutive rounds as long as the design (len(contenders) rows, twice that for an odd
-    count), every contender runs in every position equally often AND right after every other contender
-    equally often. Rotating one fixed order covers the positions but not the neighbours: each contender would always
-    follow the same one, so whatever a request might leave behind for the next would fall on one contender
-    only (scripts/experiments/carryover.py looked for such a carry-over in the docs runs and found none
-    beyond this host's noise; the design rules it out instead of hoping). Williams (1949): first row 0, 1,
-    n-1, 2, n-2, ..., each next row adds 1 modulo n; for odd n the mirrored rows follow."""
+    count), every contender runs in every position equally often AND, within a round, right after every
+    other contender equally often. Rotating one fixed order covers the positions but not the neighbours:
+    each contender would always follow the same one, so whatever a request might leave behind for the
+    next would fall on one contender only (scripts/experiments/carryover.py looked for such a carry-over in
+    the docs runs and found none beyond this host's noise; the design rules it out instead of hoping).
+    Williams (1949): first row 0, 1, n-1, 2, n-2, ..., each next row adds 1 modulo n; for odd n the
+    mirrored rows follow."""
     n = len(contenders)
     first, low, high = [0], 1, n - 1
     while len(first) < n:
