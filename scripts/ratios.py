@@ -63,10 +63,12 @@ def median_interval(
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
-def table(requests: list[dict[str, Any]], over: str, configs: Sequence[str]) -> list[dict[str, Any]]:
+def table(
+    requests: list[dict[str, Any]], over: str, configs: Sequence[str], interval: bool = False
+) -> list[dict[str, Any]]:
     """One row per category (in the run's order) and one for all prompts: for each config, the medians of its
-    per-prompt ratios over `over` (requests that errored on either side are left out), and the whole-request
-    median's bootstrap interval (median_interval)."""
+    per-prompt ratios over `over` (requests that errored on either side are left out), and with `interval` the
+    whole-request median's bootstrap interval (median_interval; else None)."""
     by = {(r["config"], r["prompt_id"], r.get("repeat", 0)): r for r in requests if not r.get("error")}
     if not any(key[0] == over for key in by):
         raise SystemExit(f"no configuration {over!r} in these results")
@@ -81,31 +83,33 @@ def table(requests: list[dict[str, Any]], over: str, configs: Sequence[str]) -> 
                 if c == config and (over, pid, rep) in by and category in (ALL, r["category"])
             ]
             stats = [r["stats"] for r, _ in pairs]
-            by_prompt: dict[str, list[float]] = {}
+            whole: dict[str, list[float]] = {}  # prompt -> its repeats' whole-request ratios
             for r, b in pairs:
                 if (x := ratio(r["tokens_per_s"], b["tokens_per_s"])) is not None:
-                    by_prompt.setdefault(r["prompt_id"], []).append(x)
+                    whole.setdefault(r["prompt_id"], []).append(x)
             passes = sum(s["target_passes"] for s in stats)
             row[config] = {
-                "whole": median([ratio(r["tokens_per_s"], b["tokens_per_s"]) for r, b in pairs]),
+                "whole": median([x for xs in whole.values() for x in xs]),
                 "decode": median(
                     [ratio(r["stats"]["decode_tokens_per_s"], b["stats"]["decode_tokens_per_s"]) for r, b in pairs]
                 ),
                 "tpot": median([ratio(r["tpot_s"], b["tpot_s"]) for r, b in pairs]),
                 "tau": sum(s["output_tokens"] for s in stats) / passes if passes else None,
                 "prompts": len(pairs),
-                "interval": median_interval(by_prompt),
+                "interval": median_interval(whole) if interval else None,
             }
         rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict[str, Any]], over: str, configs: Sequence[str], interval: bool = False) -> str:
+    """The table as Markdown; `interval`: the header names the intervals the rows carry (table(interval=True))."""
+
     def f(x: float | None, spec: str, unit: str = "") -> str:
         return "n/a" if x is None else format(x, spec) + unit
 
     def whole(v: dict[str, Any]) -> str:
-        if not interval or v["interval"] is None:
+        if v["interval"] is None:
             return f(v["whole"], ".3f", "x")
         low, high = v["interval"]
         return f"{f(v['whole'], '.3f', 'x')} [{low:.3f}, {high:.3f}]"
@@ -138,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [c for c in configs if c not in names]
     if unknown:
         ap.error(f"no configuration {', '.join(map(repr, unknown))} in these results; they have {', '.join(names)}")
-    print(markdown(table(requests, args.over, configs), args.over, configs, args.interval))
+    rows = table(requests, args.over, configs, args.interval)
+    print(markdown(rows, args.over, configs, args.interval))
     return 0
 
 

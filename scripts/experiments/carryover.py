@@ -10,7 +10,7 @@ Figures are geometric means of whole-request latency, TTFT and TPOT ratios; n is
 
 Why it was written (2026-12-02, AVX-512 machine). Up to bd92ef5 the runner rotated one fixed order (plain,
 llama-cpp-python, the default, plain-again), so the default always ran right after llama-cpp-python, and in four
-docs runs in a row its open-chat median sat 2 to 3% under spekula plain's (0.966, 0.964, 0.968, 0.956 against
+docs runs in a row its open-chat median sat 0.3 to 4% under spekula plain's (0.966, 0.964, 0.968, 0.956 against
 0.969, 0.983, 1.011, 0.990). Grouping requests by the contender that ran just before them first seemed to show a
 carry-over from llama-cpp-python's request, but that grouping compared different prompts (the default drafts nothing
 mostly on chat and prose, plain contenders on every category). On the same prompts (this script), the four docs
@@ -24,8 +24,9 @@ runs show every spekula contender 0 to 5% slower than llama-cpp-python there, wh
 
 and a run in the balanced order (open chat only, 8 repeats, 48 requests a contender; `spekula bench --categories
 open-chat --per-category 6 --repeats 8 --max-tokens 256 --chat --spec loop=llama-cpp-python --spec
-draft=suffix,k=auto --baseline llama-cpp-python`) had the default's time per token at 1.001x spekula plain's (95%
-interval 0.978 to 1.024; per-request spread ~8%), its median 0.999x llama-cpp-python against plain's 0.985x. So no
+draft=suffix,k=auto --baseline llama-cpp-python`; `scripts/ratios.py RESULTS --over plain --interval`) had the
+default at 1.000x spekula plain [95% interval 0.975, 1.017], its time per token 0.998x, and its median 0.999x
+llama-cpp-python against plain's 0.985x (`--over llama-cpp-python`). So no
 carry-over is shown: the place a contender runs in is not what costs the default in open chat; a single run's median
 of 18 requests moves by a few percent on this host. The runner's balanced order (spekula.bench.runner.balanced_order)
 stays: it guarantees what the fixed rotation did not, that no contender always runs after the same one.

@@ -12,8 +12,8 @@ time per output token: a throwaway first version on open chat's prompts 01 to 06
 against 39.27 ms; this script before it printed each request, 35.47 against 34.71 ms, 41.10 against 45.26 ms; this
 script, 30.79 against 30.61 ms, 35.44 against 35.21 ms (its requests swung from -8% to +12% between the two contenders
 with nothing drafted). So the default's one-token passes were no slower than plain decoding's in any run, and its time
-per token is the host's noise: one run of three had it 10% dearer, the others 1% cheaper. The docs run's open chat,
-where the default reads 0.979x over spekula plain (TPOT 1.021x, the A/A 1.000x) while drafting 13 tokens in 18
+per token is the host's noise: one run of three had it 10% dearer, the others 1% cheaper. The docs run on 2bcb7ab's open
+chat, where the default reads 0.979x over spekula plain (TPOT 1.021x, the A/A 1.000x) while drafting 13 tokens in 18
 requests, does not come from the passes themselves.
 """
 

@@ -1,29 +1,76 @@
-"""What one re-measurement of the pass costs takes on llama.cpp: `CostModel.calibrate` for k_max = 16 (the widths the
-engine's `_measure(1)` times when `CostModel.stale()` says the table drifted), three times, on Qwen2.5-Coder-1.5B
-Q4_K_M, 2 threads. `Engine.new_controller` runs it when a request starts, so the request it lands in pays it.
+"""What one re-measurement of the pass costs takes on llama.cpp, and which requests of a docs run look as if they paid
+for one.
+
+Without arguments: `CostModel.calibrate` for k_max = 16 (the widths the engine's `_measure(1)` times when
+`CostModel.stale()` says the table drifted), three times, on Qwen2.5-Coder-1.5B Q4_K_M, 2 threads.
+`Engine.new_controller` runs it when a request starts, so the request it lands in pays it. With a `spekula bench`
+results file (run with spekula plain, `plain-again` and the default, `suffix k=auto`): on open chat and creative
+writing, the largest times per token over spekula plain's of every contender, and the default's requests that took
+over a second longer than spekula plain's on the same prompt, with what they drafted and the steps the default's
+engine had taken by their end (a re-measurement needs 256, then 512, 1024, ... steps since the last).
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/recalibration_cost.py   # ~30 s
+    .venv/bin/python scripts/experiments/recalibration_cost.py docs/benchmarks/llamacpp/results.json.gz
 
 2026-12-02 (AVX-512 machine, commit 1ef2430): 3.70, 3.32 and 3.48 s, with 13 widths timed (1 to 9 twice each, 12,
 13, 16, 17 once). An open-chat request of the docs run takes ~4 s, so one that starts on a stale table takes ~1.8x
 as long. In that run the default's time per token over spekula plain's, on the 36 open-chat and creative-writing
-requests, had five values from 1.23 to 1.53 where plain-again's largest was 1.23 and llama-cpp-python's 1.21.
-The back-off (RECALIBRATE_GAP, doubling) allows at most about five re-measurements in such a run, so they explain
-at most a few of those requests.
+requests, had five values from 1.23 to 1.53 where plain-again's largest was 1.23 and llama-cpp-python's 1.21, and
+three open-chat requests of the default took 1.1 to 1.9 s longer than spekula plain's, two of them 115 steps apart.
+The back-off (RECALIBRATE_GAP, doubling) allows at most about five re-measurements in such a run, so they explain at
+most a few of those requests.
 """
 
+import gzip
+import json
+import sys
 import time
+from collections import defaultdict
 
-from spekula.config import BackendConfig
-from spekula.cost import CostModel, calibration_widths
-from spekula.pipeline import load_model
+PLAIN, DEFAULT = "plain", "suffix k=auto"
+QUIET = ("open-chat", "creative-writing")  # the categories where the default drafts next to nothing
 
-backend, _ = load_model("qwen2.5-coder-1.5b", BackendConfig(runtime="llamacpp"))
-print("widths timed:", calibration_widths(16), "(dense), or every width up to 17 where that is cheap")
-for _ in range(3):
-    costs = CostModel()
-    start = time.perf_counter()
-    costs.calibrate(backend, None, k_max=16)
-    seconds = time.perf_counter() - start
-    table = {n: round(1000 * s) for n, s in sorted(costs.target_s.items())}
-    print(f"calibrate: {seconds:.2f} s; ms by width {table}")
+
+def suspects(path: str) -> None:
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        requests = json.load(f)["requests"]
+    by = defaultdict(dict)
+    for r in requests:
+        by[(r["prompt_id"], r["repeat"])][r["config"]] = r
+    for name in sorted({r["config"] for r in requests} - {PLAIN}):
+        tpot = sorted(m[name]["tpot_s"] / m[PLAIN]["tpot_s"] for (pid, _), m in by.items() if pid.startswith(QUIET))
+        print(
+            f"{name}: time per token over spekula plain's, largest five of {len(tpot)}:",
+            [round(x, 3) for x in tpot[-5:]],
+        )
+    steps = 0
+    for r in sorted((r for r in requests if r["config"] == DEFAULT), key=lambda r: (r["repeat"], r["order"])):
+        steps += sum(int(n) for n in r["stats"]["k_chosen"].values())
+        extra = r["latency_s"] - by[(r["prompt_id"], r["repeat"])][PLAIN]["latency_s"]
+        if extra > 1.0:
+            print(
+                f"{r['prompt_id']} repeat {r['repeat']}: +{extra:.2f} s, drafted {r['stats']['drafted']}, step {steps}"
+            )
+
+
+def timings() -> None:
+    from spekula.config import BackendConfig
+    from spekula.cost import CostModel, calibration_widths
+    from spekula.pipeline import load_model
+
+    backend, _ = load_model("qwen2.5-coder-1.5b", BackendConfig(runtime="llamacpp"))
+    print("widths timed:", calibration_widths(16), "(dense), or every width up to 17 where that is cheap")
+    for _ in range(3):
+        costs = CostModel()
+        start = time.perf_counter()
+        costs.calibrate(backend, None, k_max=16)
+        seconds = time.perf_counter() - start
+        table = {n: round(1000 * s) for n, s in sorted(costs.target_s.items())}
+        print(f"calibrate: {seconds:.2f} s; ms by width {table}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        suspects(sys.argv[1])
+    else:
+        timings()
