@@ -22,7 +22,7 @@ import heapq
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from spekula.config import K_MAX
@@ -404,7 +404,8 @@ class CostModel:
         repeats: int = 2,
         max_rows: int = 0,
         every_width_s: float = 1.0,
-    ) -> None:
+        interrupted: Callable[[], bool] | None = None,
+    ) -> bool:
         """Time target passes of up to k_max + 1 tokens (and one draft token) on a warm cache: every
         width up to DENSE_WIDTHS (where the cost curve bends: memory-bound, then compute-bound), the
         fastest of `repeats`; past it once each, every width if the dense ones say that costs at most
@@ -414,6 +415,9 @@ class CostModel:
 
         max_rows: a batching server's widest pass (max batch x (k_max + 1)); widths past k_max + 1 are
         then timed at powers of two up to it, once each, for best_ks.
+        interrupted: asked before each pass; once it answers True the measurement stops and the table
+        is left as it was (a server re-measuring while idle gives way to a request that arrives).
+        Returns whether it measured.
         """
         last = k_max + 1
         wide, n = [], 16
@@ -425,25 +429,32 @@ class CostModel:
         wide += [max_rows] if max_rows > last else []
         prefix = list(range(100, 100 + context))
         seq = target.new_sequence()
-        seq.forward(prefix, num_logits=1)
         timed: dict[int, float] = {}
 
-        def time_widths(widths: list[int], times: int) -> None:
+        def time_widths(widths: list[int], times: int) -> bool:
             for n in widths:
                 block = [(100 + i) % target.vocab_size for i in range(n)]  # any ids: only the time counts
                 for _ in range(times):
+                    if interrupted is not None and interrupted():
+                        return False
                     start = time.perf_counter()
                     seq.forward(block, num_logits=n)
                     seconds = time.perf_counter() - start
                     timed[n] = min(seconds, timed.get(n, seconds))
                     seq.truncate(context)
+            return True
 
-        time_widths([n for n in calibration_widths(k_max) if n <= DENSE_WIDTHS], repeats)
-        rest = range(DENSE_WIDTHS + 1, last + 1)
-        dense = CostModel(target_s=dict(timed))
-        every = sum(dense.target_cost(n) for n in rest) <= every_width_s
-        time_widths([n for n in calibration_widths(k_max, every) if n > DENSE_WIDTHS] + wide, 1)
-        seq.release()
+        try:
+            seq.forward(prefix, num_logits=1)
+            if not time_widths([n for n in calibration_widths(k_max) if n <= DENSE_WIDTHS], repeats):
+                return False
+            rest = range(DENSE_WIDTHS + 1, last + 1)
+            dense = CostModel(target_s=dict(timed))
+            every = sum(dense.target_cost(n) for n in rest) <= every_width_s
+            if not time_widths([n for n in calibration_widths(k_max, every) if n > DENSE_WIDTHS] + wide, 1):
+                return False
+        finally:
+            seq.release()
         if not self.frozen:
             self._recalibrations += 1 if self.calibrated else 0
             self.target_s.update(timed)
@@ -463,6 +474,7 @@ class CostModel:
                 self.observe_draft(1, time.perf_counter() - start)
                 dseq.truncate(context)
             dseq.release()
+        return True
 
 
 _TABLES = frozenset({"target_s", "calibrated"})  # CostModel's tables: assigning one forgets the costs derived

@@ -18,7 +18,7 @@ step's pass also carries what is left of the prompt, in front of the pending tok
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -60,10 +60,23 @@ class Engine:
         self._max_batch = max_batch
         self._measure(max_batch)
 
-    def _measure(self, max_batch: int) -> None:
+    def _measure(self, max_batch: int, interrupted: Callable[[], bool] | None = None) -> bool:
         draft = self.proposer.draft_backend if self.proposer is not None else None
         rows = max_batch * (self.spec.k_max + 1) if max_batch > 1 else 0
-        self.costs.calibrate(self.target, draft, k_max=self.spec.k_max, max_rows=rows)
+        return self.costs.calibrate(self.target, draft, k_max=self.spec.k_max, max_rows=rows, interrupted=interrupted)
+
+    def remeasure_if_stale(self, interrupted: Callable[[], bool] | None = None) -> bool:
+        """Measure the pass costs again where the table is stale (CostModel.stale: the one-token pass drifted
+        from its calibrated time). Only between requests, never inside one: it takes seconds (3.3 to 3.7 s
+        on llama.cpp, scripts/experiments/recalibration_cost.py), a request that waited for it would pay them,
+        and a batching server's running requests would all stall. A server calls it when idle, and
+        interrupted (asked before each pass) lets a request that arrives stop it, the table unchanged;
+        until then every width follows the one-token pass's drift (CostModel). The widths one request
+        drafts are measured: a batching server's wide widths keep their start-up times, scaled by the
+        drift (measuring them again takes tens of seconds). Returns whether it measured."""
+        if self.proposer is None or self.spec.k is not None or not self.costs.stale():
+            return False
+        return self._measure(1, interrupted)
 
     def new_controller(self) -> Controller:
         if self.proposer is None:
@@ -71,11 +84,6 @@ class Engine:
         if self.spec.k is None:
             if not self.costs.target_s:
                 self._measure(self._max_batch)
-            elif self.costs.stale():
-                # Passes observed disagree with the table: the widths one request drafts are measured again
-                # (a few seconds). A batching server's wide widths keep their start-up times, scaled by the
-                # drift: measuring them again would hold every running request for tens of seconds.
-                self._measure(1)
             return AdaptiveK(self.costs, k_max=self.spec.k_max)
         return FixedK(self.spec.k)
 
@@ -93,9 +101,11 @@ class Engine:
         controller: chooses k before each step; default: the engine's (from SpecConfig).
         namespace: whose earlier requests the proposer may draft from (ProposerFactory.create).
         """
+        started = time.perf_counter()
         check_prompt(prompt_ids, self.target.vocab_size, self.target.context_length)
-        controller = controller or self.new_controller()
-        return Generation(self, list(prompt_ids), sampling, stop, recorder, controller, namespace=namespace)
+        controller = controller or self.new_controller()  # an engine never calibrated measures here
+        setup_s = time.perf_counter() - started
+        return Generation(self, list(prompt_ids), sampling, stop, recorder, controller, namespace, setup_s)
 
 
 class Generation:
@@ -111,7 +121,10 @@ class Generation:
         recorder: Recorder | None,
         controller: Controller,
         namespace: str = "",
+        setup_s: float = 0.0,
     ):
+        """setup_s: what starting the request cost before this (Engine.generate: its checks and controller),
+        counted into its time (stats.ttft_s, total_s) as its caller waited for it."""
         self.engine = engine
         self.namespace = namespace
         self.prompt_ids = prompt_ids
@@ -132,6 +145,7 @@ class Generation:
         self.proposer: Proposer | None = None
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
         self._start_time: float | None = None
+        self._setup_s = setup_s
         self._prefill_done = False
         self._folded: list[int] | None = None  # the prompt's last chunk, left to the first step's pass (fold)
         self._step = 0
@@ -375,7 +389,7 @@ class Generation:
     def _open(self) -> None:
         """Open this request's caches (target and proposer) and start its clock."""
         engine = self.engine
-        self._start_time = time.perf_counter()
+        self._start_time = time.perf_counter() - self._setup_s
         # Kept on self so tests and tools can inspect the caches between steps.
         self.target_sequence = engine.prompt_cache.open(self._committed[:-1])
         self.stats.cached_tokens = self.target_sequence.length

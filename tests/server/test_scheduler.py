@@ -8,6 +8,7 @@ finished and the worker has stopped, so nothing here waits on time.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -208,3 +209,42 @@ def test_a_failing_outlook_costs_its_request_a_draft_not_the_worker(monkeypatch)
     monkeypatch.setattr(Generation, "outlook", outlook)
     outcomes = run(pipe, [Request("broken: ", 12), Request("fine", 12)], scheduler)
     assert [o.finished.stats.output_tokens for o in outcomes] == [12, 12]
+
+
+def test_an_idle_server_measures_a_stale_table_again_and_gives_way_to_a_request(monkeypatch):
+    """A stale pass-cost table (CostModel.stale) is measured again on the worker thread while no request runs
+    or waits, never inside a request (Engine.remeasure_if_stale). A request that arrives meanwhile stops the
+    measurement and runs on the table as it was; the table is measured once the server is idle again."""
+    pipe = fake_pipeline(draft="other", k=None)
+    engine = pipe.engine
+    engine.calibrate()
+    costs = engine.costs
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    stale = [True]
+    monkeypatch.setattr(costs, "stale", lambda: stale[0])
+    request = Request("arrives while the server measures", 12)
+    events: list[Event] = []
+    job = Job("job-0", pipe.codec.encode(request.prompt), request.sampling, request.stop_config, events.append, WAIT)
+    attempts: list[tuple[bool, int]] = []  # (measured to the end, engine steps so far)
+    measured = threading.Event()
+    calibrate = costs.calibrate
+
+    def calibrating(*args, **kwargs) -> bool:
+        if not attempts:
+            scheduler.submit(job)  # the request arrives as the first measurement starts
+        done = calibrate(*args, **kwargs)
+        attempts.append((done, costs.steps))
+        if done:
+            stale[0] = False
+            measured.set()
+        return done
+
+    monkeypatch.setattr(costs, "calibrate", calibrating)
+    scheduler.start()
+    assert measured.wait(WAIT)
+    assert scheduler.close(WAIT)
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.finish_reason == "length"
+    assert finished.stats.output_tokens == 12
+    assert [done for done, _ in attempts] == [False, True]  # given way to the request, then measured
+    assert attempts[0][1] == 0 and attempts[1][1] >= finished.stats.target_passes  # after the request's steps

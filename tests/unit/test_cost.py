@@ -267,20 +267,29 @@ def test_acceptance_rates_are_read_alike_from_lists_tuples_numbers_and_other_seq
     assert c.best_k(Rates(0.5, 0.8), 8) == c.best_k([0.5, 0.8], 8) == c.best_k((0.5, 0.8), 8)
 
 
-def test_a_stale_table_is_measured_again_before_the_next_request():
+def _drifted(costs: CostModel) -> None:
+    """The one-token pass observed far slower than calibrated (the machine got slower, or calibration ran busy),
+    and enough steps since the last calibration: the table is stale."""
+    for _ in range(10):
+        costs.observe_target(1, 50 * costs.calibrated[1])
+    for _ in range(RECALIBRATE_GAP * 2**costs._recalibrations):
+        costs.tick()
+
+
+def test_a_stale_table_is_measured_again_between_requests_never_inside_one():
     target = random_table_backend(20, seed=0)
     engine = Engine(target, DraftModelFactory(random_table_backend(20, seed=1)), SpecConfig(k=None, k_max=3))
     engine.calibrate()
     costs = engine.costs
     measured = dict(costs.calibrated)
-    for _ in range(10):
-        costs.observe_target(1, 50 * measured[1])  # the machine got far slower (or calibration ran busy)
-    for _ in range(RECALIBRATE_GAP):
-        costs.tick()
+    _drifted(costs)
     assert costs.stale() and costs.drift > 1 + DRIFT
-    engine.new_controller()
+    engine.new_controller()  # a request starts: it does not pay for a measurement
+    assert costs.stale() and costs.calibrated == measured
+    assert engine.remeasure_if_stale()
     assert not costs.stale() and costs.drift == 1.0  # measured again: the online width counts from the new table
     assert costs.target_s[1] < 10 * measured[1]
+    assert not engine.remeasure_if_stale()  # nothing to do on a fresh table
     # a drift that measuring again does not remove waits twice as long before the next re-measurement
     for _ in range(10):
         costs.observe_target(1, 50 * measured[1])
@@ -290,6 +299,23 @@ def test_a_stale_table_is_measured_again_before_the_next_request():
     for _ in range(RECALIBRATE_GAP):
         costs.tick()
     assert costs.stale()
+
+
+def test_a_re_measurement_that_is_interrupted_leaves_the_table_as_it_was(monkeypatch):
+    target = random_table_backend(20, seed=0)
+    engine = Engine(target, DraftModelFactory(random_table_backend(20, seed=1)), SpecConfig(k=None, k_max=3))
+    engine.calibrate()
+    costs = engine.costs
+    _drifted(costs)
+    table, calibrated = dict(costs.target_s), dict(costs.calibrated)
+    asked: list[int] = []
+    released: list[object] = []
+    release = type(target.new_sequence()).release
+    monkeypatch.setattr(type(target.new_sequence()), "release", lambda seq: released.append(seq) or release(seq))
+    assert not engine.remeasure_if_stale(interrupted=lambda: asked.append(1) or len(asked) > 2)  # a request arrived
+    assert len(asked) == 3 and released  # stopped at the third pass, its sequence freed
+    assert costs.target_s == table and costs.calibrated == calibrated and costs.stale()
+    assert engine.remeasure_if_stale(interrupted=lambda: False) and not costs.stale()
 
 
 def test_a_batching_server_measures_its_wide_passes_once(monkeypatch):
@@ -309,11 +335,8 @@ def test_a_batching_server_measures_its_wide_passes_once(monkeypatch):
         "forward",
         lambda seq, ids, num_logits=None: timed.append(len(ids)) or forward(seq, ids, num_logits),
     )
-    for _ in range(10):
-        costs.observe_target(1, 50 * costs.calibrated[1])
-    for _ in range(RECALIBRATE_GAP):
-        costs.tick()
-    engine.new_controller()
+    _drifted(costs)
+    assert engine.remeasure_if_stale()
     assert not costs.stale() and max(timed) <= 64  # the context prefix (64 tokens), then widths up to 4
     assert all(n <= 4 for n in timed if n != 64)
     assert {n: costs.target_s[n] for n in wide} == wide

@@ -310,3 +310,26 @@ def test_auto_k_drafts_no_wider_than_one_pass_verifies():
     assert auto.spec.k_max == 2 and auto.new_controller().k_max == 2
     assert Engine(piecewise, NgramFactory(4, 1), SpecConfig(k=8)).spec.k == 8
     assert Engine(t, NgramFactory(4, 1), SpecConfig(k=None, k_max=16)).spec.k_max == 16  # any width in one pass
+
+
+def test_what_starting_a_request_costs_counts_into_its_time(monkeypatch):
+    """Engine.generate's own work before the request's first step (its checks, its controller: a first
+    calibration on an engine never calibrated) is waited for by its caller, so it counts into ttft_s and
+    total_s (spekula bench reads them as the request's latency)."""
+    import spekula.engine as engine_module
+    from spekula.cost import CostModel
+
+    clock = [100.0]
+    monkeypatch.setattr(engine_module.time, "perf_counter", lambda: clock[0])  # only the controller takes time
+    engine = Engine(random_table_backend(20, seed=0), NgramFactory(4, 1), SpecConfig(k=None))
+    engine.costs = CostModel(target_s={1: 0.01, 2: 0.011}, frozen=True)
+    new_controller = engine.new_controller
+
+    def slow_controller():
+        clock[0] += 5.0
+        return new_controller()
+
+    monkeypatch.setattr(engine, "new_controller", slow_controller)
+    stats = engine.generate([1, 2, 3], stop=StopConfig(max_tokens=4, ignore_eos=True)).run().stats
+    assert stats.output_tokens == 4
+    assert stats.ttft_s == stats.total_s == 5.0

@@ -241,6 +241,15 @@ class Scheduler:
     def _work(self) -> None:
         while True:
             with self._cv:
+                idle = not (self._waiting or self._running or self._stop)
+            if idle:
+                # a stale pass-cost table is measured again here, on the thread that computes, while no request
+                # runs or waits; one that arrives stops it (Engine.remeasure_if_stale)
+                try:
+                    self.pipeline.engine.remeasure_if_stale(interrupted=self._wanted)
+                except Exception:  # the table stays as it was; the worker keeps serving
+                    log.exception("measuring the pass costs again failed")
+            with self._cv:
                 self._cv.wait_for(lambda: self._waiting or self._running or self._stop)
                 if self._stop:
                     leftover = list(self._waiting) + list(self._running)
@@ -258,6 +267,10 @@ class Scheduler:
         for job in leftover:
             error = APIError(503, "the server shut down before this request finished; retry it", code="shutting_down")
             self._finish(job, "abort", error)
+
+    def _wanted(self) -> bool:
+        """Whether a request waits or the server is stopping (asked between an idle re-measurement's passes)."""
+        return bool(self._waiting) or self._stop
 
     def _admit(self, job: Job) -> None:
         now = time.monotonic()
