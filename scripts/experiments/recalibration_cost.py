@@ -1,24 +1,29 @@
 """What one re-measurement of the pass costs takes on llama.cpp, and which requests of a docs run look as if they paid
 for one.
 
-Without arguments: `CostModel.calibrate` for k_max = 16 (the widths the engine's `_measure(1)` times when
-`CostModel.stale()` says the table drifted), three times, on Qwen2.5-Coder-1.5B Q4_K_M, 2 threads.
-`Engine.new_controller` runs it when a request starts, so the request it lands in pays it. With a `spekula bench`
-results file (run with spekula plain, `plain-again` and the default, `suffix k=auto`): on open chat and creative
-writing, the largest times per token over spekula plain's of every contender, and the default's requests that took
-over a second longer than spekula plain's on the same prompt, with what they drafted and the steps the default's
-engine had taken by their end (a re-measurement needs 256, then 512, 1024, ... steps since the last).
+Without arguments: `CostModel.calibrate` for k_max = 16 (the widths `Engine.remeasure_if_stale` times when
+`CostModel.stale()` says the table drifted), three times, on Qwen2.5-Coder-1.5B Q4_K_M, 2 threads. Until commit
+7ae91ef, `Engine.new_controller` ran it when a request started, so the caller of that request waited for it, and
+a server's running requests stalled; since, only a server re-measures, on its worker thread while idle. With a
+`spekula bench` results file (run with spekula plain, `plain-again` and the default, `suffix k=auto`): on open chat
+and creative writing, the largest times per token over spekula plain's of every contender, and the default's
+requests that took over a second longer than spekula plain's on the same prompt, with what they drafted and the
+steps the default's engine had taken by their end (a re-measurement needed 256, then 512, 1024, ... steps since the
+last).
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/recalibration_cost.py   # ~30 s
     .venv/bin/python scripts/experiments/recalibration_cost.py docs/benchmarks/llamacpp/results.json.gz
 
 2026-12-02 (AVX-512 machine, commit 1ef2430): 3.70, 3.32 and 3.48 s, with 13 widths timed (1 to 9 twice each, 12,
-13, 16, 17 once). An open-chat request of the docs run takes ~4 s, so one that starts on a stale table takes ~1.8x
-as long. In that run the default's time per token over spekula plain's, on the 36 open-chat and creative-writing
-requests, had five values from 1.23 to 1.53 where plain-again's largest was 1.23 and llama-cpp-python's 1.21, and
-three open-chat requests of the default took 1.1 to 1.9 s longer than spekula plain's, two of them 115 steps apart.
-The back-off (RECALIBRATE_GAP, doubling) allows at most about five re-measurements in such a run, so they explain at
-most a few of those requests.
+13, 16, 17 once). In that docs run the default's time per token over spekula plain's, on the 36 open-chat and
+creative-writing requests, had five values from 1.23 to 1.53 where plain-again's largest was 1.23 and
+llama-cpp-python's 1.21, and three open-chat requests of the default took 1.1 to 1.9 s longer than spekula plain's.
+Those were NOT re-measurements: a request's clock (Generation's) started after `new_controller` returned, so no
+measured time held one (the requests' passes themselves ran slower: `score_s` over `target_passes`); since commit
+7ae91ef the clock starts when `Engine.generate` is called. A throwaway check the same day (the default and plain
+engines on four open-chat prompts of 96 tokens, a re-measurement after each of four rounds, a namespace per round)
+found the default's passes as fast after a re-measurement as before: 29 to 31 ms a pass in the first round, 27 to
+36 after (36 with a 3-token draft), spekula plain's 28 to 32 throughout.
 """
 
 import gzip

@@ -34,7 +34,9 @@
   with every round): a request whose drafts are being accepted drafts as long as its rows pay, one
   whose drafts fail decodes plainly beside it. k = 0 for all is one of the choices: speculation
   switches off when the batch makes it unprofitable and comes back when the batch shrinks. A fixed
-  --k is left as given.
+  --k is left as given. When the one-token pass has drifted far from its measured time
+  (CostModel.stale), the pass costs are measured again while nothing runs or waits, never inside a
+  round: a request that arrives stops the measurement (Engine.remeasure_if_stale).
 - The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
 - A cancelled request (client gone) is closed before its next step or prefill chunk: within one
   round its KV caches are freed and its slot goes to the next waiting request. The same holds for a
