@@ -12,6 +12,7 @@ steps the default's engine had taken by their end (a re-measurement needed 256, 
 last).
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/recalibration_cost.py   # ~30 s
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/recalibration_cost.py --after  # ~2 min
     .venv/bin/python scripts/experiments/recalibration_cost.py docs/benchmarks/llamacpp/results.json.gz
 
 2026-12-02 (AVX-512 machine, commit 1ef2430): 3.70, 3.32 and 3.48 s, with 13 widths timed (1 to 9 twice each, 12,
@@ -20,10 +21,14 @@ creative-writing requests, had five values from 1.23 to 1.53 where plain-again's
 llama-cpp-python's 1.21, and three open-chat requests of the default took 1.1 to 1.9 s longer than spekula plain's.
 Those were NOT re-measurements: a request's clock (Generation's) started after `new_controller` returned, so no
 measured time held one (the requests' passes themselves ran slower: `score_s` over `target_passes`); since commit
-7ae91ef the clock starts when `Engine.generate` is called. A throwaway check the same day (the default and plain
-engines on four open-chat prompts of 96 tokens, a re-measurement after each of four rounds, a namespace per round)
+7ae91ef the clock starts when `Engine.generate` is called. `--after` (the default and plain engines on four
+open-chat prompts of 96 tokens, a re-measurement after each of four rounds, a namespace per round; first run the
+same day as a throwaway, on 7ae91ef)
 found the default's passes as fast after a re-measurement as before: 29 to 31 ms a pass in the first round, 27 to
-36 after (36 with a 3-token draft), spekula plain's 28 to 32 throughout.
+36 after (36 with a 3-token draft), spekula plain's 28 to 32 throughout. Its committed form, rerun on the review
+commit after 4a087bc: after each re-measurement the default's passes took 26.9 to 32.9 ms and spekula plain's 26.5
+to 31.9 (no drafts); the first round, before any, 32.5 to 41.1 against 32.7 to 37.8 (the default drafting 5 to 11
+tokens a request).
 """
 
 import gzip
@@ -74,8 +79,37 @@ def timings() -> None:
         print(f"calibrate: {seconds:.2f} s; ms by width {table}")
 
 
+def after() -> None:
+    """Time per pass of the default and spekula plain on open-chat prompts, round by round, the default's pass costs
+    measured again after each round: whether a re-measurement slows the passes that follow it."""
+    from spekula.bench.runner import encode_items
+    from spekula.bench.workloads import builtin_workload
+    from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
+    from spekula.pipeline import Pipeline
+
+    pipe = Pipeline.load("qwen2.5-coder-1.5b", "suffix", SpecConfig(k=None), BackendConfig(runtime="llamacpp"))
+    items = [i for i in builtin_workload() if i.category == "open-chat"][:4]
+    ids = encode_items(items, pipe.codec, True)
+    pipe.warmup()
+    for round_ in range(4):
+        for item in items:
+            line = []
+            for plain in (False, True):  # a namespace per round: no round drafts an earlier round's outputs
+                stats = pipe.generate(
+                    ids[item.id], SamplingParams(), StopConfig(max_tokens=96), plain=plain, namespace=f"round-{round_}"
+                ).stats
+                per_pass = 1000 * stats.score_s / max(1, stats.target_passes)
+                line.append(f"{'plain' if plain else 'default'} {per_pass:.1f} ms/pass, drafted {stats.drafted}")
+            print(f"round {round_} {item.id}: " + "; ".join(line), flush=True)
+        start = time.perf_counter()
+        pipe.engine.costs.calibrate(pipe.target, None, k_max=pipe.engine.spec.k_max)
+        print(f"-- measured again in {time.perf_counter() - start:.2f} s", flush=True)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    if sys.argv[1:] == ["--after"]:
+        after()
+    elif len(sys.argv) > 1:
         suspects(sys.argv[1])
     else:
         timings()
