@@ -4,18 +4,34 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.spekula-installed
+# llama.cpp is built for this CPU's instruction sets (GGML_NATIVE=OFF, AMX off; src/spekula/llamacpp_build.py),
+# and its stamp carries the build key: a checkout that moves to another CPU gets the wheel for that CPU.
+LLAMA_KEY   := $(shell $(PYTHON) src/spekula/llamacpp_build.py key)
+LLAMA_STAMP := $(VENV)/.llamacpp-$(LLAMA_KEY)
 # The models the demo and the tests use; `spekula models fetch` skips what is already verified.
 MODELS := smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
-.PHONY: setup models demo lint test test-fast
+.PHONY: setup models demo lint test test-fast llama-server
 
 $(STAMP): pyproject.toml requirements/base.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet --disable-pip-version-check -r requirements/base.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/base.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(LLAMA_STAMP): $(STAMP) requirements/llamacpp.txt
+	$(PY) -m spekula.llamacpp_build install
+	rm -f $(VENV)/.llamacpp-*
+	touch $@
+
+setup: $(STAMP) $(LLAMA_STAMP)
+
+# llama.cpp's own server, from the same llama.cpp source, for benchmarks only (~10 minutes on 2 cores; never
+# part of demo or test): scripts/server_compare.sh and `spekula bench --endpoint` start it as a baseline.
+llama-server: $(VENV)/bin/llama-server
+
+$(VENV)/bin/llama-server: $(LLAMA_STAMP)
+	$(PY) -m spekula.llamacpp_build server --out $@
 
 models: setup
 	$(PY) -m spekula models fetch $(MODELS)

@@ -1,4 +1,4 @@
-"""`spekula` command line: generate | models | bench | tune | audit | serve.
+"""`spekula` command line: generate | models | bench | tune | audit | serve | doctor.
 
 This module builds the parser from the sub-commands' `register` functions and runs `generate`; the
 options the commands share live in spekula.options, so no sub-command imports this module.
@@ -12,6 +12,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
+from spekula import doctor
 from spekula.bench import cli as bench_cli
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import SpekulaError
@@ -200,7 +201,7 @@ def parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.A
     )
     sub = parser.add_subparsers(dest="command", required=True)
     commands: dict[str, argparse.ArgumentParser] = {}
-    for register in (register_generate, models_cli.register, bench_cli.register, server_cli.register):
+    for register in (register_generate, models_cli.register, bench_cli.register, server_cli.register, doctor.register):
         commands.update(register(sub))
     return parser, commands
 

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spekula import llamacpp_check
 from spekula.backends.base import Backend, Capabilities, Sequence
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError
@@ -77,10 +78,6 @@ class LlamaCppBackend(Backend):
         config: BackendConfig = BackendConfig(),
         context_length: int = 4096,
     ) -> None:
-        with needs_extra("llamacpp", "the llama.cpp backend"):
-            import llama_cpp
-            from llama_cpp._internals import LlamaModel
-            from llama_cpp._logger import set_verbose
         if config.dtype != "float32":
             raise ConfigError(
                 f"the llama.cpp backend computes in the GGUF's own quantised types; --dtype {config.dtype} does not "
@@ -88,6 +85,11 @@ class LlamaCppBackend(Backend):
             )
         if not Path(gguf_path).is_file():
             raise ConfigError(f"no GGUF file at {gguf_path}")
+        llamacpp_check.check(gguf_path)  # before the import: a library built for another CPU dies by a signal
+        with needs_extra("llamacpp", "the llama.cpp backend"):
+            import llama_cpp
+            from llama_cpp._internals import LlamaModel
+            from llama_cpp._logger import set_verbose
         self.gguf_path = Path(gguf_path)
         self.name = name or self.gguf_path.stem
         self.threads = config.threads or os.cpu_count() or 1

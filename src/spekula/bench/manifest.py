@@ -77,6 +77,7 @@ def machine() -> dict[str, Any]:
         "cpu_flags": cpu_flags(),
         # the page size the weights sit on (spekula.hugepages): THP mode, and whether malloc asks for huge pages
         "huge_pages": {"thp": thp_mode(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")},
+        "llamacpp": llamacpp_build(),
     }
     try:
         import torch
@@ -87,6 +88,19 @@ def machine() -> dict[str, Any]:
     except Exception:
         pass
     return info
+
+
+def llamacpp_build() -> dict[str, Any] | None:
+    """The llama.cpp build in use (spekula.llamacpp_check: version, what it was built for, its system info)."""
+    from dataclasses import asdict
+
+    from spekula.llamacpp_check import check
+
+    try:
+        info = check().info
+    except Exception as e:  # the manifest describes; it must not stop a finished run
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return asdict(info) if info else None
 
 
 # the vector extensions a CPU decoding pass's speed depends on (the physics differ by machine: check them)

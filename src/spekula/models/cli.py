@@ -40,7 +40,24 @@ def _list(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     print(f"\ncache: {cache_dir()}  (set SPEKULA_CACHE to move it)")
+    print(_llamacpp_line())
     return 0
+
+
+def _llamacpp_line() -> str:
+    """The llama.cpp build in use, in one line (`spekula doctor` prints the rest)."""
+    from spekula.llamacpp_check import check
+
+    try:
+        info = check().info
+    except ModelError as error:
+        return f"llama.cpp: {error}"
+    if info is None:
+        return "llama.cpp: not installed (pip install 'spekula[llamacpp]', or `make setup`)"
+    return (
+        f"llama.cpp: llama-cpp-python {info.package_version} (ggml {info.ggml_commit}), built for {info.built_for}\n"
+        f"  {info.system_info}  (`spekula doctor` tests a decode on this CPU)"
+    )
 
 
 def _fetch(args: argparse.Namespace) -> int:
