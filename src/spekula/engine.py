@@ -95,17 +95,19 @@ class Engine:
         recorder: Recorder | None = None,
         controller: Controller | None = None,
         namespace: str = "",
+        plain: bool = False,
     ) -> "Generation":
         """Start a request. Iterate the result to run it step by step (each item: the new token ids).
 
         controller: chooses k before each step; default: the engine's (from SpecConfig).
         namespace: whose earlier requests the proposer may draft from (ProposerFactory.create).
+        plain: decode plainly, with no proposer at all (a server request's `spec`), whatever the engine drafts with.
         """
         started = time.perf_counter()
         check_prompt(prompt_ids, self.target.vocab_size, self.target.context_length)
-        controller = controller or self.new_controller()  # an engine never calibrated measures here
+        controller = FixedK(0) if plain else controller or self.new_controller()  # an uncalibrated engine measures here
         setup_s = time.perf_counter() - started
-        return Generation(self, list(prompt_ids), sampling, stop, recorder, controller, namespace, setup_s)
+        return Generation(self, list(prompt_ids), sampling, stop, recorder, controller, namespace, setup_s, plain)
 
 
 class Generation:
@@ -122,6 +124,7 @@ class Generation:
         controller: Controller,
         namespace: str = "",
         setup_s: float = 0.0,
+        plain: bool = False,
     ):
         """setup_s: what starting the request cost before this (Engine.generate: its checks and controller),
         counted into its time (stats.ttft_s, total_s) as its caller waited for it."""
@@ -143,6 +146,7 @@ class Generation:
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
         self.target_sequence = None  # opened by the first prefill chunk (the first plan() prefills in one)
         self.proposer: Proposer | None = None
+        self.plain = plain  # no proposer for this request (Engine.generate's plain)
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
         self._start_time: float | None = None
         self._setup_s = setup_s
@@ -393,7 +397,7 @@ class Generation:
         # Kept on self so tests and tools can inspect the caches between steps.
         self.target_sequence = engine.prompt_cache.open(self._committed[:-1])
         self.stats.cached_tokens = self.target_sequence.length
-        self.proposer = engine.proposer.create(self.namespace) if engine.proposer else None
+        self.proposer = engine.proposer.create(self.namespace) if engine.proposer and not self.plain else None
 
     def _finish(self) -> None:
         """Runs once, however the request ends (finished, stopped early, failed): frees the caches."""

@@ -19,6 +19,7 @@ from spekula.cost import CostModel
 from spekula.engine import Generation
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Event, Finished, Job, Scheduler
+from spekula.server.schemas import Speculation
 
 WAIT = 20.0  # seconds close() may take before the test fails
 
@@ -30,6 +31,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    spec: Speculation | None = None  # what the request's `spec` chose (None: the server's own)
 
     @property
     def stop_config(self) -> StopConfig:
@@ -62,7 +64,15 @@ def run(pipe, requests: list[Request], scheduler: Scheduler | None = None, **opt
     for i, r in enumerate(requests):
         sink = outcomes[i].events.append
         ids = pipe.codec.encode(r.prompt)
-        job = Job(f"job-{i}", ids, r.sampling, r.stop_config, lambda e, sink=sink: sink((scheduler.rounds, e)), WAIT)
+        job = Job(
+            f"job-{i}",
+            ids,
+            r.sampling,
+            r.stop_config,
+            lambda e, sink=sink: sink((scheduler.rounds, e)),
+            WAIT,
+            spec=r.spec,
+        )
         scheduler.submit(job)
     scheduler.start()
     assert scheduler.close(WAIT)
@@ -192,6 +202,29 @@ def test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for(monkeypatch
     assert rounds >= 2
     assert all(k is not None and k > 0 for k in imposed[True][:rounds])  # while both run: it drafts
     assert imposed[False][:rounds] == [0] * rounds  # and the other does not
+
+
+def test_in_a_batch_a_request_s_own_spec_is_kept(monkeypatch):
+    """--k auto, batched: the round's k is chosen for the requests that left k to the server; one whose
+    `spec` fixed k drafts that k, and a plain one opens no proposer and drafts nothing, beside them."""
+    pipe = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    pipe.engine.costs = CostModel(target_s={n: 0.002 for n in range(1, 150)}, draft_s_per_token=0.0005, frozen=True)
+    monkeypatch.setattr(Generation, "outlook", lambda self: None if self.proposer is None else ([0.0], 8))
+    requests = [
+        Request("left to the server", 16),
+        Request("another one", 16),
+        Request("fixed at three", 16, spec=Speculation("self", 3, 16)),
+        Request("plain", 16, spec=Speculation("none", 0, 16)),
+    ]
+    outcomes = run(pipe, requests, scheduler)
+    auto, other, fixed, plain = (o.finished.stats for o in outcomes)
+    assert set(auto.k_chosen) == set(other.k_chosen) == {0}  # the batch rule: a draft that fails never pays
+    assert max(fixed.k_chosen) == 3 and fixed.drafted > 0 and fixed.accepted == fixed.drafted  # its own k
+    assert set(plain.k_chosen) == {0} and plain.drafted == 0
+    for r, outcome in zip(requests, outcomes):  # greedy: each the text of plain decoding alone
+        alone = pipe.generate(pipe.codec.encode(r.prompt), SamplingParams(), r.stop_config, plain=True)
+        assert outcome.text == alone.text
 
 
 def test_a_failing_outlook_costs_its_request_a_draft_not_the_worker(monkeypatch):

@@ -362,6 +362,51 @@ def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(fast, metho
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 3
 
 
+NAMED = [
+    # (path, raw body, param): the 400 names the field at fault (each was a 200, a 422 or an unnamed 400 before)
+    ("/v1/completions", BARE % b'"prompt": "a\\ud800b"', "prompt"),  # a lone surrogate: not the chat template's
+    ("/v1/chat/completions", BARE_CHAT % b'"temperature": NaN', "temperature"),
+    ("/v1/completions", BARE % b'"temperature": 0.5, "top_p": -Infinity', "top_p"),
+    ("/v1/chat/completions", BARE_CHAT % b'"max_completion_tokens": 8, "max_tokens": -3', "max_tokens"),
+    ("/v1/completions", BARE % b'"stop": ""', "stop"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", NAMED, ids=[p for _, _, p in NAMED])
+def test_a_bad_value_is_a_400_that_names_its_field(fast, path, body, param):
+    r = httpx.post(fast.url + path, content=body, headers={"content-type": "application/json"}, timeout=WAIT)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and f"'{param}'" in r.json()["error"]["message"]
+
+
+def test_seed_minus_one_samples_unseeded(fast):
+    """seed -1 is llama-server's "random seed": accepted, and sampled without a seed."""
+    body = {"model": MODEL, "prompt": "dice", "max_tokens": 6, "temperature": 1.0, "seed": -1}
+    r = httpx.post(fast.url + "/v1/completions", json=body, timeout=WAIT)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_include_usage_sends_usage_once_on_the_last_chunk(fast, path):
+    """OpenAI's stream_options.include_usage: usage (and spekula's spec) on the final chunk with no
+    choices only; without it they ride on the chunk that carries finish_reason."""
+    base = {"model": MODEL, "max_tokens": 7, "stream": True}
+    base |= {"prompt": "usage"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "u"}]}
+    for include in (True, False):
+        body = {**base, "stream_options": {"include_usage": include}}
+        r = httpx.post(fast.url + path, json=body, timeout=WAIT)
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        carriers = [e for e in events if e.get("usage") is not None]
+        assert len(carriers) == 1 and carriers[0]["usage"]["completion_tokens"] == 7
+        assert [e for e in events if "spec" in e] == carriers
+        finish = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+        assert len(finish) == 1
+        if include:
+            assert carriers[0] is events[-1] and events[-1]["choices"] == [] and "usage" not in finish[0]
+        else:
+            assert carriers == finish
+
+
 def test_a_chunked_body_over_the_limit_is_cut_off(fast):
     def chunks():
         for _ in range(100):

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from spekula.server.schemas import Kind
+from spekula.server.schemas import Kind, Speculation
 from spekula.trace import RequestStats
 
 
@@ -36,7 +36,7 @@ class ResponseShape:
     def _head(self, object_: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
 
-    def response(self, text: str, finish_reason: str, stats: RequestStats, proposer: str) -> dict[str, Any]:
+    def response(self, text: str, finish_reason: str, stats: RequestStats, ran: Speculation) -> dict[str, Any]:
         if self.kind == "chat":
             choice = {
                 "index": 0,
@@ -46,7 +46,7 @@ class ResponseShape:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head(self.object), "choices": [choice], "usage": usage(stats), "spec": spec(stats, proposer)}
+        return {**self._head(self.object), "choices": [choice], "usage": usage(stats), "spec": spec(stats, ran)}
 
     def chunk(
         self, delta: str | None = None, finish_reason: str | None = None, *, role: bool = False
@@ -60,14 +60,16 @@ class ResponseShape:
         choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def final_chunk(self, finish_reason: str, stats: RequestStats, proposer: str) -> dict[str, Any]:
-        """The chunk that carries finish_reason; usage and spec ride along (harmless extra fields)."""
-        return {**self.chunk(finish_reason=finish_reason), "usage": usage(stats), "spec": spec(stats, proposer)}
+    def final_chunk(self, finish_reason: str, stats: RequestStats | None, ran: Speculation) -> dict[str, Any]:
+        """The chunk that carries finish_reason; usage and spec ride along (harmless extra fields), unless
+        stats is None: then they come once, on the usage chunk (stream_options.include_usage), as OpenAI's do."""
+        chunk = self.chunk(finish_reason=finish_reason)
+        return chunk if stats is None else {**chunk, "usage": usage(stats), "spec": spec(stats, ran)}
 
-    def usage_chunk(self, stats: RequestStats, proposer: str) -> dict[str, Any]:
+    def usage_chunk(self, stats: RequestStats, ran: Speculation) -> dict[str, Any]:
         """stream_options.include_usage: OpenAI's last chunk, with no choices."""
         object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._head(object_), "choices": [], "usage": usage(stats), "spec": spec(stats, proposer)}
+        return {**self._head(object_), "choices": [], "usage": usage(stats), "spec": spec(stats, ran)}
 
 
 def usage(stats: RequestStats) -> dict[str, Any]:
@@ -80,9 +82,11 @@ def usage(stats: RequestStats) -> dict[str, Any]:
     }
 
 
-def spec(stats: RequestStats, proposer: str) -> dict[str, Any]:
+def spec(stats: RequestStats, ran: Speculation) -> dict[str, Any]:
+    """What the request ran (its proposer, "none" for plain decoding, and k: fixed or "auto") and how it went."""
     return {
-        "proposer": proposer,
+        "proposer": ran.proposer,
+        "k": ran.k,
         "drafts": stats.drafts,  # target passes that verified a draft
         "drafted": stats.drafted,
         "accepted": stats.accepted,

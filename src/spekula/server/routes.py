@@ -92,7 +92,8 @@ class AsyncSink:
 async def _generate(request: Request, kind: Kind) -> Response:
     state = _state(request)
     settings = state.settings
-    req = parse_request(await read_json(request, settings.max_body_bytes), kind, settings)
+    offer = state.speculation
+    req = parse_request(await read_json(request, settings.max_body_bytes), kind, settings, offer)
     _check_model(state, req.model)
     prompt_ids = await run_in_threadpool(state.encode, req)
     shape = ResponseShape(kind, state.model_name)
@@ -112,6 +113,7 @@ async def _generate(request: Request, kind: Kind) -> Response:
         settings.request_timeout_s,
         log_text=log_text,
         namespace=namespace,
+        spec=None if req.spec == offer else req.spec,  # None: the server's own, exactly as without `spec`
     )
     drain = request.app.state.drain
     drain.track(job, sink, lambda: state.scheduler.cancel(job))  # 503 once the drain has given up
@@ -128,7 +130,7 @@ async def _generate(request: Request, kind: Kind) -> Response:
 
         return JobStream(_stream(state, job, sink, shape, req), on_close=close)
     try:
-        return await _complete(request, state, job, sink, shape)
+        return await _complete(request, state, job, sink, shape, req)
     finally:
         drain.untrack(job)
 
@@ -149,7 +151,7 @@ class JobStream(StreamingResponse):
 
 
 async def _complete(
-    request: Request, state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape
+    request: Request, state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
 ) -> Response:
     watcher = asyncio.create_task(_on_disconnect(request, lambda: state.scheduler.cancel(job)))
     finished = False
@@ -158,9 +160,7 @@ async def _complete(
             event = await _next_event(state, job, sink)
             if isinstance(event, Finished):
                 finished = True
-                return JSONResponse(
-                    shape.response(event.text, event.finish_reason, event.stats, state.pipeline.draft_name)
-                )
+                return JSONResponse(shape.response(event.text, event.finish_reason, event.stats, req.spec))
             if isinstance(event, Failed):
                 finished = True
                 raise event.error
@@ -175,7 +175,6 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """Server-sent events. Starlette cancels this generator when the client disconnects."""
     finished = False
-    proposer = state.pipeline.draft_name
     try:
         if shape.kind == "chat":
             yield sse(shape.chunk(role=True))  # OpenAI opens a chat stream with the role
@@ -186,9 +185,10 @@ async def _stream(
                 continue
             finished = True
             if isinstance(event, Finished):
-                yield sse(shape.final_chunk(event.finish_reason, event.stats, proposer))
+                # include_usage: usage (and spec) ride once, on OpenAI's last chunk with no choices
+                yield sse(shape.final_chunk(event.finish_reason, None if req.include_usage else event.stats, req.spec))
                 if req.include_usage:
-                    yield sse(shape.usage_chunk(event.stats, proposer))
+                    yield sse(shape.usage_chunk(event.stats, req.spec))
             else:  # the status line has gone out already: the error travels as an event (the openai client raises it)
                 yield sse(event.error.body())
             yield DONE
@@ -230,12 +230,12 @@ def _check_model(state: "ServerState", model: str) -> None:
 
 
 def _model_card(state: "ServerState") -> dict:
-    pipe = state.pipeline
+    spec = state.speculation
     return {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "spekula",
-        "max_model_len": pipe.target.context_length,
-        "speculation": {"proposer": pipe.draft_name, "k": "auto" if pipe.spec.k is None else pipe.spec.k},
+        "max_model_len": state.pipeline.target.context_length,
+        "speculation": {"proposer": spec.proposer, "k": spec.k, "k_max": spec.k_max},  # a request's `spec` within it
     }

@@ -37,6 +37,8 @@
   --k is left as given. When the one-token pass has drifted far from its measured time
   (CostModel.stale), the pass costs are measured again while nothing runs or waits, never inside a
   round: a request that arrives stops the measurement (Engine.remeasure_if_stale).
+- A request's own `spec` (schemas.Speculation) overrides the server's for it alone: plain decoding
+  runs no proposer at all (Engine.generate's plain), and a k it fixed is left out of the round's choice.
 - The queue is bounded: past max_queue, submit() raises 429 with a Retry-After estimate.
 - A cancelled request (client gone) is closed before its next step or prefill chunk: within one
   round its KV caches are freed and its slot goes to the next waiting request. The same holds for a
@@ -57,12 +59,14 @@ from dataclasses import dataclass, field
 import torch
 
 from spekula.config import SamplingParams, StopConfig
+from spekula.control import Controller, FixedK
 from spekula.engine import PlannedStep, PrefillChunk
 from spekula.errors import SpekulaError
 from spekula.pipeline import Pipeline, TextGeneration
 from spekula.prompt_cache import shared_prefix
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics, StepMeter
+from spekula.server.schemas import AUTO, Speculation
 from spekula.server.settings import ServerSettings
 from spekula.threads import on_passing_thread
 from spekula.trace import RequestStats
@@ -106,6 +110,7 @@ class Job:
     timeout_s: float
     log_text: str | None = None  # the prompt, only when --log-prompts
     namespace: str = ""  # whose earlier outputs it may draft from (ServerState.namespace): a hash of its API key
+    spec: Speculation | None = None  # what its `spec` chose (plain, or a fixed k); None: the server's own
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     run: TextGeneration | None = None
@@ -281,7 +286,14 @@ class Scheduler:
         if now > job.deadline:
             return self._finish(job, "timeout", self._timeout_error(job))
         try:
-            generation = self.pipeline.engine.generate(job.prompt_ids, job.sampling, job.stop, namespace=job.namespace)
+            generation = self.pipeline.engine.generate(
+                job.prompt_ids,
+                job.sampling,
+                job.stop,
+                controller=_controller(job.spec),
+                namespace=job.namespace,
+                plain=job.spec is not None and job.spec.plain,  # no proposer at all: nothing drafted, nothing paid
+            )
         except SpekulaError as e:  # the handler validated the prompt; this is a backstop
             return self._finish(job, "error", APIError(400, str(e)))
         except Exception:
@@ -349,7 +361,7 @@ class Scheduler:
             if not job.run.generation.ready or not self._live(job):
                 continue
             try:
-                step = job.run.generation.plan(None if ks is None else ks.get(job, 0))
+                step = job.run.generation.plan(None if ks is None else ks.get(job))  # not in ks: its own k
             except Exception:
                 log.exception("request %s failed before its target pass", job.id)
                 self._finish(job, "error", ENGINE_ERROR)
@@ -540,8 +552,8 @@ class Scheduler:
     def _choose_batch_ks(self) -> dict[Job, int] | None:
         """Each decoding request's k for the round, chosen together by the cost model for a batch of
         two or more (None: each request's own controller, as for a batch of one, a backend that does
-        not batch, or a fixed --k)."""
-        decoding = [job for job in self._running if job.run.generation.ready]
+        not batch, or a fixed --k). A request whose `spec` fixed its k keeps it: it is left out."""
+        decoding = [job for job in self._running if job.run.generation.ready and not _fixed_k(job)]
         if not self._batch_k or len(decoding) < 2:
             return None
         ks, speedup = self.pipeline.engine.costs.best_ks([self._outlook(job) for job in decoding])
@@ -623,6 +635,18 @@ class Scheduler:
         )
         if job.log_text is not None:
             log.info("request %s prompt: %r output: %r", job.id, job.log_text, job.run.text)
+
+
+def _controller(spec: Speculation | None) -> Controller | None:
+    """The controller a request's `spec` asks for: its fixed k (FixedK; plain: Engine.generate's), or None for
+    the engine's own (the server's setting, and "auto", which schemas accept only where that is the controller)."""
+    if spec is None or spec.plain or spec.k == AUTO:
+        return None
+    return FixedK(spec.k)
+
+
+def _fixed_k(job: Job) -> bool:
+    return job.spec is not None and not job.spec.plain and job.spec.k != AUTO
 
 
 def _fmt(x: float | None) -> str:

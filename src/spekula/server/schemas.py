@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import ConfigError
+from spekula.proposers import MODEL_FREE, NONE
 from spekula.server.errors import APIError
 from spekula.server.settings import ServerSettings
 
@@ -33,6 +34,7 @@ COMMON = {
     "stream_options",
     "n",
     "user",
+    "spec",
 }
 ONLY = {"completion": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
 # OpenAI parameters this server does not implement. Sent with their neutral value they ask for
@@ -62,6 +64,24 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 16
 MAX_SEED = 2**63 - 1
+RANDOM_SEED = -1  # llama-server's and llama.cpp's "random seed": unseeded sampling, as if no seed was given
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a request speculates: what the server offers (ServerState.speculation), or what one request
+    asked for in its `spec` object. proposer: the server's proposer by name, or NONE (plain decoding:
+    no proposer at all, nothing drafted); k: a fixed draft length, or AUTO (the controller chooses
+    each step); k_max: the longest k a request may fix here."""
+
+    proposer: str = NONE
+    k: int | Literal["auto"] = 0
+    k_max: int = 0
+
+    @property
+    def plain(self) -> bool:
+        return self.proposer == NONE
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,7 @@ class GenerationRequest:
     stop: StopConfig
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with usage and no choices
+    spec: Speculation = Speculation()  # what this request runs: the server's offer unless its `spec` chose
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -93,36 +114,36 @@ async def read_json(request: Request, limit: int) -> Any:
     return parse_json(body)
 
 
-class _NonFinite(ValueError):
-    """Raised by the parser's hooks on NaN, Infinity, -Infinity or a number that overflows a float."""
+class _NonFinite:
+    """A number the parser met that is not finite (NaN, Infinity, -Infinity, a float that overflows):
+    held in its place until the body is read, so the error can name where it was."""
 
+    __slots__ = ("text",)
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NonFinite(text)
-    return value
-
-
-def _refuse_constant(name: str) -> float:
-    raise _NonFinite(name)
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
 def parse_json(body: bytes) -> Any:
     """Bytes -> JSON value, strictly: Python's json accepts NaN and Infinity and overflows 1e999 to inf,
-    none of which is JSON or a usable parameter; nesting deeper than the parser's recursion limit
-    (far beyond any request this API takes) is refused rather than raised as a RecursionError."""
+    none of which is JSON or a usable parameter (refused naming the field that held it); nesting deeper
+    than the parser's recursion limit (far beyond any request this API takes) is refused rather than
+    raised as a RecursionError."""
+    found: list[_NonFinite] = []
+
+    def non_finite(text: str) -> _NonFinite:
+        found.append(_NonFinite(text))
+        return found[-1]
+
+    def number(text: str) -> float | _NonFinite:
+        value = float(text)
+        return value if math.isfinite(value) else non_finite(text)
+
     try:
         text = body.decode("utf-8")  # decoded here: json.loads would guess UTF-16 from a BOM
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=non_finite, parse_float=number)
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8") from None
-    except _NonFinite as e:
-        raise APIError(
-            400,
-            f"the request body contains the number {str(e)[:40]}, which is not finite; "
-            "JSON numbers must be finite: send a finite value such as 0.7",
-        ) from None
     except json.JSONDecodeError as e:
         raise APIError(
             400, f"the request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the JSON"
@@ -137,6 +158,37 @@ def parse_json(body: bytes) -> Any:
         why = str(e).split(":")[0]  # Python's own advice after the colon (sys.set_int_max_str_digits) is the operator's
         message = f"the request body holds a number that cannot be read ({why}); send shorter numbers"
         raise APIError(400, message) from None
+    if found:
+        raise _non_finite_error(value, found[0])
+    return value
+
+
+def _non_finite_error(body: Any, number: _NonFinite) -> APIError:
+    where = _path_to(body, number)
+    if where is None:  # its key came again later in the same object, which replaced it
+        what = "the request body contains"
+    else:
+        what = f"'{where}' is" if where else "the request body is"
+    message = (
+        f"{what} the number {number.text[:40]}, which is not finite; "
+        "JSON numbers must be finite: send a finite value such as 0.7"
+    )
+    return APIError(400, message, param=where or None)
+
+
+def _path_to(body: Any, target: object) -> str | None:
+    """Where `target` sits in the parsed body, as the error's param spells it ("messages[0].content");
+    "" for the body itself, None when it is not there. Iterative: the body may be nested to the parser's limit."""
+    stack = [(body, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path[:200]
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+    return None
 
 
 def _too_large(size: int | None, limit: int) -> APIError:
@@ -149,29 +201,13 @@ def _too_large(size: int | None, limit: int) -> APIError:
     )
 
 
-def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> GenerationRequest:
+def parse_request(
+    body: Any, kind: Kind, settings: ServerSettings, offer: Speculation = Speculation()
+) -> GenerationRequest:
+    """offer: how this server speculates (ServerState.speculation); a request's `spec` may choose within it."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {_json_type(body)}")
-    allowed = COMMON | ONLY[kind]
-    for name in body:
-        if name in allowed or body[name] is None and name in NEUTRAL:
-            continue
-        if name in NEUTRAL:
-            if body[name] in NEUTRAL[name]:
-                continue
-            raise APIError(
-                400,
-                f"parameter {name!r} is not supported by this server; remove it",
-                param=name,
-                code="unsupported_parameter",
-            )
-        hint = _hint(name, kind)
-        raise APIError(
-            400,
-            f"unknown parameter {name!r}{hint}; supported: {', '.join(sorted(allowed))}",
-            param=name,
-            code="unknown_parameter",
-        )
+    _check_names(body, kind)
     body = {k: v for k, v in body.items() if v is not None}  # null means "use the default", as in OpenAI's API
 
     model = body.get("model")
@@ -202,15 +238,10 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
     if "user" in body and not isinstance(body["user"], str):
         raise APIError(400, f"'user' must be a string, got {_json_type(body['user'])}", param="user")
 
-    max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _integer(
-        body,
-        max_name,
-        1,
-        settings.max_tokens_limit,
-        settings.default_max_tokens,
-        hint=" (the server's --max-tokens-limit)",
-    )
+    limit, hint = settings.max_tokens_limit, " (the server's --max-tokens-limit)"
+    max_tokens = _integer(body, "max_tokens", 1, limit, settings.default_max_tokens, hint=hint)
+    if "max_completion_tokens" in body:  # chat's newer name wins; both are checked, neither is ignored
+        max_tokens = _integer(body, "max_completion_tokens", 1, limit, settings.default_max_tokens, hint=hint)
     defaults = settings.sampling
     # Any temperature in (0, 2] is served, however small: spekula.sampling computes the softmax so that
     # a tiny one (1e-38) behaves as its limit, all mass on the argmax, for the draft and the target alike.
@@ -219,7 +250,8 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
     min_p = _number(body, "min_p", 0.0, 1.0, defaults.min_p, high_open=True)
     top_k = _integer(body, "top_k", -1, None, defaults.top_k, hint=" (0 or -1 = off)")
     top_k = 0 if top_k == -1 else top_k  # -1 is vLLM's "off"; spekula's own is 0
-    seed = _integer(body, "seed", 0, MAX_SEED, defaults.seed)
+    seed = _integer(body, "seed", RANDOM_SEED, MAX_SEED, defaults.seed, hint=f" ({RANDOM_SEED} = random)")
+    seed = None if seed == RANDOM_SEED else seed
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, f"'stream' must be true or false, got {_json_type(stream)}", param="stream")
@@ -232,17 +264,42 @@ def parse_request(body: Any, kind: Kind, settings: ServerSettings) -> Generation
         stop_config = StopConfig(max_tokens=max_tokens, stop=stop)
     except ConfigError as e:  # already checked above; kept so a new rule in config.py still gives a 400
         raise APIError(400, str(e)) from None
-    return GenerationRequest(kind, model, prompt, messages, sampling, stop_config, stream, include_usage)
+    spec = offer if "spec" not in body else _spec(body["spec"], offer)
+    return GenerationRequest(kind, model, prompt, messages, sampling, stop_config, stream, include_usage, spec)
 
 
 # -- fields ---------------------------------------------------------------------------------------
+
+
+def _check_names(body: dict, kind: Kind) -> None:
+    """Every parameter is one this endpoint serves, or an unimplemented one at its neutral value."""
+    allowed = COMMON | ONLY[kind]
+    for name in body:
+        if name in allowed or body[name] is None and name in NEUTRAL:
+            continue
+        if name in NEUTRAL:
+            if body[name] in NEUTRAL[name]:
+                continue
+            raise APIError(
+                400,
+                f"parameter {name!r} is not supported by this server; remove it",
+                param=name,
+                code="unsupported_parameter",
+            )
+        hint = _hint(name, kind)
+        raise APIError(
+            400,
+            f"unknown parameter {name!r}{hint}; supported: {', '.join(sorted(allowed))}",
+            param=name,
+            code="unknown_parameter",
+        )
 
 
 def _prompt(value: Any) -> str | list[int]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]  # a batch of one
     if isinstance(value, str):
-        return value
+        return _text(value, "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
@@ -291,7 +348,7 @@ def _messages(value: Any) -> list[dict[str, str]]:
 
 def _content(value: Any, where: str) -> str:
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
         parts = []
         for part in value:
@@ -302,7 +359,7 @@ def _content(value: Any, where: str) -> str:
                     param=where,
                 )
             parts.append(part["text"])
-        return "".join(parts)
+        return _text("".join(parts), where)
     raise APIError(400, f"'{where}' must be a string (or a list of text parts), got {_json_type(value)}", param=where)
 
 
@@ -335,15 +392,97 @@ def _number(
 
 
 def _stop(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
+    single = isinstance(value, str)
+    strings = [value] if single else value
+    if not isinstance(strings, (list, tuple)):
         raise APIError(
             400, f"'stop' must be a non-empty string or a list of them, got {_json_type(value)}", param="stop"
         )
-    if len(value) > MAX_STOP:
-        raise APIError(400, f"'stop' has {len(value)} strings; give at most {MAX_STOP}", param="stop")
-    return tuple(value)
+    if len(strings) > MAX_STOP:
+        raise APIError(400, f"'stop' has {len(strings)} strings; give at most {MAX_STOP}", param="stop")
+    for i, s in enumerate(strings):
+        where = "stop" if single else f"stop[{i}]"
+        if not isinstance(s, str):
+            raise APIError(400, f"'{where}' must be a string, got {_json_type(s)}", param=where)
+        if not s:
+            raise APIError(
+                400,
+                f"'{where}' is an empty string, which would match before any text; give a non-empty string, "
+                "or leave 'stop' out",
+                param=where,
+            )
+        _text(s, where)
+    return tuple(strings)
+
+
+def _text(value: str, where: str) -> str:
+    """value, if it is text: JSON's \\ud800 escapes can carry a lone UTF-16 surrogate, which no tokenizer encodes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(
+            400,
+            f"'{where}' holds a lone UTF-16 surrogate ({value[e.start]!r} at character {e.start}), which is not "
+            "text; send valid Unicode (a surrogate only in a high-low pair)",
+            param=where,
+        ) from None
+    return value
+
+
+def _spec(value: Any, offer: Speculation) -> Speculation:
+    """The request's `spec` object -> what it runs. {"draft": "none" | the server's proposer, "k": 0..k_max
+    | "auto"}; plain decoding (draft "none", or k 0) runs no proposer at all."""
+    example = '{"draft": "none"} or {"k": 4}'
+    if not isinstance(value, dict):
+        raise APIError(400, f"'spec' must be an object such as {example}, got {_json_type(value)}", param="spec")
+    for name in value:
+        if name not in ("draft", "k"):
+            where = f"spec.{name[:40]}"
+            raise APIError(400, f"unknown field '{where}'; 'spec' takes draft and k", param=where)
+    draft = value.get("draft")
+    if draft is not None and (not isinstance(draft, str) or draft not in (NONE, offer.proposer)):
+        raise APIError(400, _draft_refusal(draft, offer), param="spec.draft")
+    k = _spec_k(value.get("k"), draft, offer)
+    if draft == NONE or k == 0:
+        return Speculation(NONE, 0, offer.k_max)
+    return Speculation(offer.proposer, offer.k if k is None else k, offer.k_max)
+
+
+def _draft_refusal(draft: Any, offer: Speculation) -> str:
+    accepted = " or ".join(repr(name) for name in dict.fromkeys((NONE, offer.proposer)))
+    runs = "runs no proposer" if offer.plain else f"drafts with {offer.proposer!r}"
+    got = repr(draft[:40]) if isinstance(draft, str) else _json_type(draft)
+    kinds = ", ".join(repr(name) for name in MODEL_FREE)
+    return (
+        f"'spec.draft' must be {accepted} on this server (it {runs}), got {got}; another proposer ({kinds} "
+        "or a draft model) needs a server started with --draft NAME"
+    )
+
+
+def _spec_k(k: Any, draft: Any, offer: Speculation) -> int | Literal["auto"] | None:
+    """spec.k, checked against what the server offers; None when the request leaves it out."""
+    if k is None:
+        return None
+    if isinstance(k, float) and k.is_integer():
+        k = int(k)
+    if k == 0 and isinstance(k, int) and not isinstance(k, bool):
+        return 0
+    if draft == NONE or offer.plain:
+        why = "'spec.draft' is 'none'" if draft == NONE else "this server runs no proposer (--draft none)"
+        message = f"'spec.k' must be 0 or left out: {why}, so nothing is drafted; got {_json_type(k)}"
+        raise APIError(400, message, param="spec.k")
+    auto = ' or "auto"' if offer.k == AUTO else ""
+    if k == AUTO:
+        if not auto:
+            message = f"'spec.k' \"auto\" needs a server started with --k auto; this one drafts a fixed k={offer.k}"
+            raise APIError(400, message + ": send an integer", param="spec.k")
+        return AUTO
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise APIError(400, f"'spec.k' must be an integer{auto}, got {_json_type(k)}", param="spec.k")
+    if not 0 <= k <= offer.k_max:
+        message = f"'spec.k' must be between 0 and {offer.k_max} (this server's k_max; 0 = plain decoding){auto}"
+        raise APIError(400, f"{message}, got {k}", param="spec.k")
+    return k
 
 
 def _stream_options(value: Any, stream: bool) -> bool:

@@ -14,7 +14,7 @@ from spekula.pipeline import Pipeline
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Scheduler
-from spekula.server.schemas import GenerationRequest
+from spekula.server.schemas import AUTO, GenerationRequest, Speculation
 from spekula.server.settings import ServerSettings
 
 
@@ -34,6 +34,16 @@ class ServerState:
     def model_name(self) -> str:
         return self.settings.model_name or self.pipeline.target.name
 
+    @property
+    def speculation(self) -> Speculation:
+        """How this server speculates: what a request runs unless its `spec` asks otherwise (schemas._spec).
+        A request may fix k up to k_max (the controller's bound; a fixed --k above it raises it)."""
+        engine = self.pipeline.engine
+        if engine.proposer is None:
+            return Speculation()
+        k = engine.spec.k
+        return Speculation(self.pipeline.draft_name, AUTO if k is None else k, max(engine.spec.k_max, k or 0))
+
     def namespace(self, authorization: str | None) -> str:
         """A request's namespace in the proposer's cross-request memory (the suffix proposer drafts
         from earlier requests of its own namespace only): a hash of the API key it presented, never
@@ -51,16 +61,10 @@ class ServerState:
             ids = list(req.prompt)
         else:
             with self.encode_lock:
-                try:
-                    if req.kind == "completion":
-                        ids = codec.encode(prompt=req.prompt)
-                    else:
-                        ids = codec.encode(messages=req.messages, chat=True)
-                except ConfigError as e:  # no chat template
-                    raise APIError(422, f"{e}; use /v1/completions", param="messages") from None
-                except Exception as e:  # a template that refuses the conversation (e.g. roles must alternate)
-                    message = f"the model's chat template refused these messages: {e}"
-                    raise APIError(422, message, param="messages") from None
+                if req.kind == "completion":  # text the schema checked (no lone surrogate): a failure is the server's
+                    ids = codec.encode(prompt=req.prompt)
+                else:
+                    ids = self._encode_chat(req)
         param = "prompt" if req.kind == "completion" else "messages"
         try:
             check_prompt(ids, target.vocab_size, target.context_length)
@@ -72,3 +76,12 @@ class ServerState:
         except ContextExceeded as e:
             raise APIError(422, str(e), param=param, code="context_length_exceeded") from None
         return ids
+
+    def _encode_chat(self, req: GenerationRequest) -> list[int]:
+        try:
+            return self.pipeline.codec.encode(messages=req.messages, chat=True)
+        except ConfigError as e:  # no chat template
+            raise APIError(422, f"{e}; use /v1/completions", param="messages") from None
+        except Exception as e:  # a template that refuses the conversation (e.g. roles must alternate)
+            message = f"the model's chat template refused these messages: {e}"
+            raise APIError(422, message, param="messages") from None
