@@ -29,9 +29,10 @@ drift since it was observed):
     all prompts 1.201x -> 1.202x; steps at k = 1: 822 -> 245, k = 2: 692 -> 471, k = 16 (17 rows): 221 -> 158.
 
 The rule was chosen on those 48 prompts. Held out: an earlier run's outputs (64 tokens) of the suite's prompts 07 to 14,
-which no docs run has (40 prompts, cut from docs/benchmarks/llamacpp-ngram/results.json.gz with the one-liner in
-docs/BENCHMARKS.md, "Slow start"), 24 seeds: code completion +0.7% +- 0.5%, code editing +2.6% +- 1.9%, JSON +0.3%
-+- 0.4%, summaries +0.8% +- 0.6%, open chat +0.3% +- 0.2%, creative writing +0.3% +- 0.2%, all prompts +0.3% +- 0.2%.
+which no docs run has (40 prompts, cut from `git show 752e6b7:docs/benchmarks/llamacpp-ngram/results.json.gz` with
+the one-liner in docs/decisions/0003-slow-start.md), 24 seeds: code completion +0.7% +- 0.5%, code editing +2.6%
++- 1.9%, JSON +0.3% +- 0.4%, summaries +0.8% +- 0.6%, open chat +0.3% +- 0.2%, creative writing +0.3% +- 0.2%,
+all prompts +0.3% +- 0.2%.
 
 Tried and not kept (throwaway edits of cost.py, same seeds; paired ratios against 5656d46, with a first version of
 this script that counted a calibration's passes as decode time when a prompt was short, which moved no figure above by

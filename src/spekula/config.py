@@ -13,7 +13,7 @@ from spekula.errors import ConfigError
 
 # --k auto's longest draft. Where a wide verify pass is cheap (oneDNN-packed fp32 weights) and a draft
 # is free (n-gram lookup), code edits copy runs long enough to fill it; where a wide pass is dear, the
-# cost model never picks that far anyway (docs/BENCHMARKS.md, pass costs and longer drafts;
+# cost model never picks that far anyway (docs/BENCHMARKS.md, pass costs by width and packed fp32;
 # `scripts/pass_costs.py --widths`, `scripts/experiments/ngram_replay.py --k-max`).
 K_MAX = 16
 
@@ -111,8 +111,8 @@ class SpecConfig:
     prompt_cache: bool = True
     # At a plain step of a request that has verified nothing yet, score the draft a free proposer (suffix,
     # n-gram) would have made against the tokens emitted next, so the controller learns from it
-    # (spekula.shadow). Off by default: in five of six same-run A/Bs it lowered the median prompt's speedup
-    # by 1.6 to 5% while raising copy-heavy ones (docs/BENCHMARKS.md).
+    # (spekula.shadow). Off by default: in same-run A/Bs it lowered the median prompt's speedup while
+    # raising copy-heavy ones (docs/decisions/0005-shadow-drafts-off.md).
     shadow_drafts: bool = False
 
     def __post_init__(self) -> None:
@@ -168,7 +168,7 @@ class BackendConfig:
     threads: int | None = None  # None = leave torch's default
     runtime: str = "transformers"  # a name in spekula.backends.BACKENDS: transformers | native | llamacpp
     # llama.cpp: compute a block of tokens bit for bit as one token at a time (greedy speculative output
-    # == plain decoding), at the cost in docs/BENCHMARKS.md. The other runtimes are block-invariant anyway.
+    # == plain decoding), at the cost in docs/BENCHMARKS.md (`--exact`). The other runtimes are block-invariant.
     exact: bool = False
     # Most tokens one sequence (prompt + output) holds; None: the runtime's default (llama.cpp 4096, its
     # KV cache allocated whole per running request; the others the model's own context).

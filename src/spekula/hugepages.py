@@ -1,12 +1,11 @@
 """Model memory on 2 MiB pages: the `spekula` program restarts itself once with glibc's huge-page tunable.
 
 A decoding pass streams every weight once (about 1 GB for a 1.5B Q4_K_M), so on 4 KiB pages it also walks
-about 300,000 page-table entries; on transparent huge pages (THP) it walks 512 times fewer. Measured on a
-2-core EPYC (AVX-512, Linux 6.18, THP "madvise"), llama-cpp-python's one-token pass on Qwen2.5-Coder-1.5B
-Q4_K_M took 26.4 to 27.7 ms with huge pages against 28.1 to 30.0 ms without (five process pairs, 6 to 8%;
-scripts/experiments/huge_pages.py, docs/BENCHMARKS.md). With huge pages, two models in one process also run
-their passes at the same speed whichever was loaded first; on 4 KiB pages the model loaded later ran up to
-5% faster (scripts/experiments/context_cost.py), which skewed in-process comparisons.
+about 300,000 page-table entries; on transparent huge pages (THP) it walks 512 times fewer. llama.cpp's
+one-token pass is faster on huge pages, and two models in one process then run their passes at the same
+speed whichever was loaded first, where on 4 KiB pages the one loaded later ran faster and skewed in-process
+comparisons: docs/decisions/0002-huge-pages.md has the measurements (scripts/experiments/huge_pages.py,
+scripts/experiments/context_cost.py) and the machine.
 
 Where THP is "always", every large allocation already gets huge pages; where it is "madvise" (Ubuntu's and
 this machine's default), memory gets them only when asked with madvise(MADV_HUGEPAGE). llama.cpp does not

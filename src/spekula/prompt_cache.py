@@ -2,7 +2,8 @@
 
 A chat's next turn, an agent's next call or an edit session's second request re-sends everything said
 so far, and a request that shares a system prompt with the last one starts with the same tokens. Their
-prefill is most of what such a request costs on a CPU (docs/BENCHMARKS.md), and llama.cpp's server
+prefill is much of what such a request costs on a CPU (docs/BENCHMARKS.md, the server's TTFT against its
+latency), and llama.cpp's server
 (`cache_prompt`) and vLLM (automatic prefix caching) skip the part they have seen. An engine keeps up
 to `max_kept` finished sequences, the most recently finished last: a new request takes the one that
 shares the most leading tokens with its prompt (at least `min_tokens`), cut back to what they share,
@@ -72,7 +73,7 @@ class PromptCache:
         # cache back to it). With the pool full, the oldest other kept sequence makes room for that; the
         # kept one is taken only when it is the only one. (Taking the latest kept one whenever the pool
         # was full cut an edit session's first turn back to the system prompt when a short request came
-        # in just after it finished, and its second turn prefilled ~1,000 tokens again.)
+        # in just after it finished, and its second turn prefilled its whole prompt again.)
         useful = best is not None and shares[best] >= self.min_tokens
         shares_cells = self.backend.capabilities.shares_prefix
         if useful and shares_cells and self.backend.spare_sequences() == 0 and len(self._kept) > 1:

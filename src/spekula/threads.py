@@ -6,9 +6,9 @@ more team threads than it has cores, libgomp throttles every team: a thread wait
 100 times instead of about 300,000 before it sleeps (libgomp's GOMP_SPINCOUNT), and llama.cpp meets a
 barrier after every op of a pass, hundreds of times a pass, so each one becomes a sleep and a wake-up. The
 server loaded and calibrated its pipeline on one thread and ran every pass on its scheduler thread: two
-teams on 2 cores, and a one-token pass of Qwen2.5-Coder-1.5B Q4_K_M cost a median 86 ms instead of 54
-(`scripts/thread_cost.py`, 2 threads, each way in 3 fresh processes). Loading on a thread that ends
-(`on_passing_thread`) takes its team with it, so the thread that serves is the only one computing.
+teams on 2 cores, and its one-token passes were far slower than with one team (`scripts/thread_cost.py`
+measures a pass either way, each in fresh processes). Loading on a thread that ends (`on_passing_thread`)
+takes its team with it, so the thread that serves is the only one computing.
 """
 
 from __future__ import annotations

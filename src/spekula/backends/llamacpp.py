@@ -26,7 +26,8 @@ difference are closed:
   llama.cpp with `-fa on -ctk q8_0`, and a one-token pass costs what it does by default.
 A shared context would let other sequences' passes change where a sequence's KV cells lie and so the
 order attention sums them in, so exact mode gives every sequence its own context (no batching), all
-`parallel` of them made at load. Its cost is in docs/BENCHMARKS.md.
+`parallel` of them made at load. Its cost: docs/BENCHMARKS.md, `--exact`; the record behind these settings:
+scripts/experiments/exact_kernels.py.
 
 Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`, `LlamaContext`,
 `LlamaBatch`), pinned to the version in requirements/base.txt.
@@ -60,11 +61,9 @@ EXACT_CHECK_AT = 300
 # its own sequence's cells (it skips the cells its mask hides), so a sequence's attention does not depend
 # on which other sequences share its pass (bit for bit), and its cost does not grow with theirs; the
 # default kernel multiplies the pass's queries by the whole cell pool as matrices, so its results move
-# with the batch (up to ~0.3 of a logit on SmolLM2) and every running sequence's cells cost every pass.
-# `scripts/batch_costs.py` (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, 300 tokens per sequence), flash
-# against default: with 16 sequences in the context 1 x 1 53 against 82 ms, 4 x 1 136 against 183,
-# 16 x 1 421 against 541; with 4, 1 x 1 69 against 64 (the one shape where it is dearer), 1 x 4 128
-# against 149, 1 x 8 323 against 342, 1 x 16 399 against 439. On: dearer only for a lone one-token pass.
+# with the batch and every running sequence's cells cost every pass. On: measured dearer only for a lone
+# one-token pass (docs/decisions/0006-shared-context-flash-attention.md; `scripts/batch_costs.py
+# --attention flash|default` times both).
 SHARED_FLASH_ATTENTION = True
 
 
@@ -298,8 +297,8 @@ class _Context:
     def logits(self, rows: int, vocab: int) -> np.ndarray:
         """The last llama_decode's logits, [rows, vocab]: a view of llama.cpp's own buffer, valid until the next
         llama_decode. Views are kept while the buffer stays where it is (llama.cpp moves it only to grow it):
-        making numpy's ctypes view anew was about a third of this backend's Python around a plain step
-        (scripts/experiments/step_overhead.py's record)."""
+        making numpy's ctypes view anew was a large share of this backend's Python around a plain step
+        (scripts/experiments/step_overhead.py measures it)."""
         address = ctypes.cast(self.ctx.get_logits(), ctypes.c_void_p).value
         if address != self._address:
             self._address, self._views = address, {}

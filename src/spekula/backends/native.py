@@ -235,7 +235,7 @@ def use_packed_weights(model: Transformer, rows_hint: int = 16) -> None:
 
     This is what makes verification cheap on a CPU: MKL's x @ W^T is slow for the few rows of a
     verify block, oneDNN's packed product is not (`scripts/pass_costs.py --runtime native` measures
-    a pass of 1..K+1 tokens; docs/BENCHMARKS.md has the cost curves against transformers).
+    a pass of 1..K+1 tokens; docs/BENCHMARKS.md, packed fp32, has the figures).
     rows_hint: the block width oneDNN chooses its blocking for. A verify block has up to k_max + 1
     rows (SpecConfig.k_max); whether the hint must match that width is not measured.
     A tied output head keeps the plain weight, which the embedding lookup still reads.
