@@ -19,3 +19,10 @@ def llamacpp_avx512() -> CostModel:
     1.5x a one-row pass, 16 rows 4.4x, 17 rows dearer than 16 (4-row kernel groups)."""
     ms = {1: 33, 2: 50, 3: 62, 4: 75, 5: 93, 8: 131, 9: 141, 12: 155, 13: 162, 16: 146, 17: 177}
     return CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)
+
+
+def llamacpp_issue14() -> CostModel:
+    """llama.cpp's Q4 on 2 cores as issue 14 measured it: a 2-row pass 1.5x a one-row pass, 16 rows far cheaper
+    than 17 (4-row kernel groups)."""
+    ms = {1: 77, 2: 118, 4: 213, 8: 342, 9: 465, 12: 487, 13: 560, 16: 439, 17: 785}
+    return CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)

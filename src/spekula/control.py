@@ -16,10 +16,15 @@ and `--trace` carry.
 Engine-wide acceptance is a prior, not a verdict. A class never seen starts from what its match length
 says (cost.base_acceptance: a long n-gram or suffix match is itself evidence of copying); learnt rates
 relax back towards that base (cost.HALF_LIFE); and a request's own drafts scale the odds of every
-class. A request with no evidence of its own probes at its first draft whose match length alone would
-pay, and a probe that is accepted is followed by another at the next such draft, so a request whose
-text is being copied gets speculation within a few steps whatever earlier requests taught; a probe
-that is rejected makes the next one wait twice as long, so where acceptance is low probes stay rare.
+class of their source (cost.draft_source: this request's own text, earlier requests' outputs, the copy
+cursor after an edit). Memory of earlier requests earns its drafts per request: whether it holds this
+request's text is the request's own business, so a rejected recalled draft all but switches memory off for
+the request (AdaptiveK.acceptance), and what the request's own text did lends memory nothing, neither odds
+nor a slow-start cap (AdaptiveK.k_cap). A request with no evidence of its own probes at its first draft whose
+match length alone would pay, and a probe that is accepted is followed by another at the next such draft,
+so a request whose text is being copied gets speculation within a few steps whatever earlier requests
+taught; a probe that is rejected makes the next one wait twice as long, so where acceptance is low probes
+stay rare.
 
 Acceptance is learnt per *draft class* where the proposer can tell, before drafting, how promising
 its next draft is (Proposer.draft_class): n-gram lookup's drafts after a long match are accepted
@@ -39,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spekula.config import K_MAX
-from spekula.cost import POSITIONS, CostModel, after_edit, base_acceptance
+from spekula.cost import CONTEXT, POSITIONS, RECALLED, SOURCES, CostModel, base_acceptance, draft_source
 from spekula.proposers.base import NO_DRAFT
 
 
@@ -99,6 +104,39 @@ class FixedK(Controller):
         return self.k
 
 
+@dataclass
+class Evidence:
+    """What one request's drafts of one source did against what the engine-wide rates expected of them:
+    accepted draft tokens and rejected drafts, and how many of each the rates expected (decayed sums)."""
+
+    accepted: float = 0.0
+    rejected: float = 0.0
+    expected_accepted: float = 0.0
+    expected_rejected: float = 0.0
+
+    def add(
+        self, accepted: float, rejected: float, expected_accepted: float, expected_rejected: float, decay: float
+    ) -> None:
+        """One more settled draft; what came before counts decay times as much."""
+        self.accepted = decay * self.accepted + accepted
+        self.rejected = decay * self.rejected + rejected
+        self.expected_accepted = decay * self.expected_accepted + expected_accepted
+        self.expected_rejected = decay * self.expected_rejected + expected_rejected
+
+    def odds(self, weight: float) -> float:
+        """How much likelier than the engine-wide rates said these drafts passed, as a factor on the odds:
+        accepted tokens over expected, against rejections over expected, each with `weight` pseudo-observations
+        of the rates themselves (1.0 before any evidence)."""
+        accepted = (self.accepted + weight) / (self.expected_accepted + weight)
+        return accepted / ((self.rejected + weight) / (self.expected_rejected + weight))
+
+
+def _text(draft_class: str | None) -> str:
+    """Whose text a draft of this class copies, which slow start is kept apart by (AdaptiveK.k_cap): earlier
+    requests' outputs (RECALLED), or this request's own (CONTEXT: the copy cursor after an edit included)."""
+    return RECALLED if draft_source(draft_class) == RECALLED else CONTEXT
+
+
 NO_DRAFT_REASON = "no draft: no match"
 # Slow start: how many plain passes a new request's fully rejected draft may cost it (AdaptiveK.k_cap).
 SLOW_START_PASSES = 2
@@ -115,20 +153,21 @@ class AdaptiveK(Controller):
     max_probe_every: int = 128  # ... doubling after every probe that changes nothing
     min_probe_gain: float = 1.2  # probe only where perfect acceptance would beat plain decoding by this much
     prior_weight: float = 2.0  # pseudo-observations of the engine-wide rates, against this request's own
+    recall_prior_weight: float = 0.25  # ... for drafts from earlier requests' outputs (see acceptance)
     decay: float = 0.9  # older steps count less: acceptance drifts with the text
 
-    # What this request has learnt (not configuration). Its accepted draft tokens and rejected drafts,
-    # and how many of each the engine-wide rates expected (decayed sums over every class and
-    # position): how much likelier than usual its drafts pass.
-    _accepted: float = field(default=0.0, init=False, repr=False)
-    _rejected: float = field(default=0.0, init=False, repr=False)
-    _expected_accepted: float = field(default=0.0, init=False, repr=False)
-    _expected_rejected: float = field(default=0.0, init=False, repr=False)
+    # What this request has learnt (not configuration), per draft source (cost.draft_source): how much
+    # likelier than usual its drafts of that source pass.
+    _evidence: dict[str, Evidence] = field(
+        default_factory=lambda: {source: Evidence() for source in SOURCES}, init=False, repr=False
+    )
     # The probe clock: plain steps since the last draft or probe, and how many to wait (0: not set).
     _plain_steps: int = field(default=0, init=False, repr=False)
     _probe_gap: int = field(default=0, init=False, repr=False)
-    # Slow start: the longest draft this request may risk yet (None: not set).
-    _k_cap: int | None = field(default=None, init=False, repr=False)
+    # Slow start: the longest draft a request may risk while it has no evidence of its own (None: not set yet), and,
+    # per text copied (_text) whose fully accepted drafts have doubled it since, the longest it may risk now.
+    _first_cap: int | None = field(default=None, init=False, repr=False)
+    _caps: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     # Whether the step just chosen is a probe, and whether this request has probed yet.
     _probing: bool = field(default=False, init=False, repr=False)
     _probed: bool = field(default=False, init=False, repr=False)
@@ -142,12 +181,12 @@ class AdaptiveK(Controller):
             self.reason = NO_DRAFT_REASON
             return 0
         alpha = self.acceptance(draft_class)
-        k, speedup = self._how_far(alpha)
+        k, speedup = self._how_far(alpha, draft_class)
         if self._should_speculate(alpha, k, remaining, catch_up):
             self.predicted_speedup = speedup
             self._restart_probe_clock()
             self.reason = f"speculate: k={k} predicted {speedup:.2f}x"
-            if k == self.k_cap < self.costs.best_k(alpha, self.k_max)[0]:
+            if k == self.cap(draft_class) < self.costs.best_k(alpha, self.k_max)[0]:
                 self.reason += f", slow start cap {k}"
             return k
         self.predicted_speedup = 1.0
@@ -155,19 +194,19 @@ class AdaptiveK(Controller):
             self._probing = self._probed = True
             self.reason = f"probe: k=1, expected acceptance {alpha[0]:.2f}"
             return 1
-        self.reason = self._plain_reason(alpha, k)
+        self.reason = self._plain_reason(alpha, k, self.cap(draft_class))
         return 0
 
-    def _plain_reason(self, alpha: Sequence[float], k: int) -> str:
+    def _plain_reason(self, alpha: Sequence[float], k: int, cap: int) -> str:
         if k > 0:
             return f"plain: k={k} would not win back a cold draft's catch-up"
-        speedups = self.costs.speedups(alpha, self.k_cap)
+        speedups = self.costs.speedups(alpha, cap)
         best, j = max(zip(speedups[1:], range(1, len(speedups))))  # ties to the longer draft
         return f"plain: best k={j} predicts {best:.2f}x"
 
-    def _how_far(self, alpha: Sequence[float]) -> tuple[int, float]:
-        """(k, predicted speedup) fastest at this acceptance, up to the slow-start cap (k 0: plain wins)."""
-        return self.costs.best_k(alpha, self.k_cap)
+    def _how_far(self, alpha: Sequence[float], draft_class: str | None = None) -> tuple[int, float]:
+        """(k, predicted speedup) fastest at this acceptance, up to the class's slow-start cap (k 0: plain wins)."""
+        return self.costs.best_k(alpha, self.cap(draft_class))
 
     def _should_speculate(self, alpha: Sequence[float], k: int, remaining: int | None, catch_up: int) -> bool:
         """Draft k tokens only if k is above 0 and what it saves pays back a cold draft's catch-up."""
@@ -228,28 +267,44 @@ class AdaptiveK(Controller):
         None when the proposer has nothing to draft."""
         if draft_class == NO_DRAFT:
             return None
-        return self.acceptance(draft_class), self.k_cap
+        return self.acceptance(draft_class), self.cap(draft_class)
 
     @property
     def alpha(self) -> float:
         """This request's running acceptance rate, all draft classes and positions together."""
         prior = self.prior_weight
-        return (self._accepted + prior * self.costs.alpha) / (self._accepted + self._rejected + prior)
+        accepted = sum(e.accepted for e in self._evidence.values())
+        rejected = sum(e.rejected for e in self._evidence.values())
+        return (accepted + prior * self.costs.alpha) / (accepted + rejected + prior)
 
     def acceptance(self, draft_class: str | None = None) -> list[float]:
         """Expected acceptance of a draft of this class, by position: the engine-wide rates for the
-        class, with their odds scaled by this request's own evidence. Requests differ from each
-        other more than a class's rates do (a JSON extraction copies its prompt after a 1-token
-        match far more often than a chat reply does), and one factor for all of a request's
-        classes learns that from every draft it has verified, whichever class they were."""
-        if after_edit(draft_class):
-            # the proposer found its place again after an edit: the rejections this request's edits cost say
-            # nothing of the copy it realigned on
-            return self.costs.prior_acceptance(draft_class)
-        w = self.prior_weight
-        accepted_odds = (self._accepted + w) / (self._expected_accepted + w)
-        odds = accepted_odds / ((self._rejected + w) / (self._expected_rejected + w))
-        return [p * odds / (1.0 - p + p * odds) for p in self.costs.prior_acceptance(draft_class)]
+        class, with their odds scaled by this request's own evidence from drafts of the same source
+        (cost.draft_source). Requests differ from each other more than a class's rates do (a JSON
+        extraction copies its prompt after a 1-token match far more often than a chat reply does), and
+        one factor for all of a source's classes learns that from every draft of it the request has
+        verified, whichever class they were.
+
+        Sources are kept apart because they fail apart. A draft from the copy cursor after an edit is not
+        marked down by the rejections the edits cost the request's other drafts. And the engine-wide rates of
+        a draft from earlier requests' outputs (RECALLED) are learnt mostly where memory helps (a template
+        whose keys repeat, a second turn), whose requests draft from it at every step; whether memory holds
+        this request's text is a property of the request, nearly all or nothing (per request, the first
+        token of a recalled draft is accepted from never to most of the time: scripts/experiments/
+        warm_replay.py --spread), so its prior weighs little against the request's own record
+        (recall_prior_weight): a rejected draft all but switches memory off for the request, a run of accepted
+        ones keeps it on through a miss, and a request whose own text copies well does not lend that record to
+        memory's drafts."""
+        rates = self.costs.prior_acceptance(draft_class)
+        odds = self._odds(draft_source(draft_class))
+        if odds == 1.0:  # no evidence of this source yet: the engine-wide rates as they are
+            return rates
+        return [p * odds / (1.0 - p + p * odds) for p in rates]
+
+    def _odds(self, source: str) -> float:
+        """The factor this request's own record with a draft source puts on the odds of its drafts."""
+        weight = self.recall_prior_weight if source == RECALLED else self.prior_weight
+        return self._evidence[source].odds(weight)
 
     @property
     def first_probe_gap(self) -> int:
@@ -285,14 +340,26 @@ class AdaptiveK(Controller):
         from 0.979x to 1.014x (AVX-512); on 40 prompts it was not chosen on, code editing 1.443x to 1.500x
         (AVX-512) and 1.367x to 1.521x (AVX2). The price: prose that drafts little loses a little more to
         wrong first drafts (open chat 1.000x to 0.997x at the AVX2 costs, 1.000x to 0.990x on the held-out
-        prompts at the AVX-512 ones)."""
-        if self._k_cap is None:
+        prompts at the AVX-512 ones).
+
+        Evidence of its own is kept per text copied (cap): drafts of this request's own text that passed say
+        nothing of what earlier requests' outputs will do here, so memory's drafts start at the first cap
+        however far the request's own text has doubled its own, and double it with their own. This property:
+        the cap of drafts from the request's own text (the copy cursor's included)."""
+        return self.cap(None)
+
+    def cap(self, draft_class: str | None = None) -> int:
+        """The slow-start cap (k_cap) for a draft of this class: that of the text it copies (_text)."""
+        cap = self._caps.get(_text(draft_class))
+        if cap is not None:
+            return cap
+        if self._first_cap is None:
             c = self.costs
             plain = c.target_cost(1)
             budget = (1 + SLOW_START_PASSES) * plain
             fits = [k for k in range(1, self.k_max + 1) if c.target_cost(k + 1) + k * c.draft_s_per_token <= budget]
-            self._k_cap = max(fits, default=1)
-        return self._k_cap
+            self._first_cap = max(fits, default=1)
+        return self._first_cap
 
     def observe(
         self,
@@ -329,17 +396,16 @@ class AdaptiveK(Controller):
         pass. And the request stays new (its first probe comes as a new request's does, _probe_due): what
         it has verified, not what it has watched, makes it a request with evidence of its own."""
         if num_drafted:
-            self._learn(num_drafted, num_accepted, draft_class, proves_cap=num_drafted >= self.k_cap)
+            self._learn(num_drafted, num_accepted, draft_class, proves_cap=num_drafted >= self.cap(draft_class))
 
     def _learn(self, num_drafted: int, num_accepted: int, draft_class: str | None, proves_cap: bool = True) -> None:
         """What a settled draft of num_drafted tokens, num_accepted of them accepted, says of acceptance."""
         rejected = 1.0 if num_accepted < num_drafted else 0.0
+        source = draft_source(draft_class)
         if not rejected and proves_cap:
-            self._k_cap = min(2 * (self.k_cap + 1) - 1, self.k_max)  # twice the rows
+            self._caps[_text(draft_class)] = min(2 * (self.cap(draft_class) + 1) - 1, self.k_max)  # twice the rows
         prior = self.costs.prior_acceptance(draft_class)
         tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
-        self._accepted = self.decay * self._accepted + num_accepted
-        self._rejected = self.decay * self._rejected + rejected
-        self._expected_accepted = self.decay * self._expected_accepted + sum(tried)
-        self._expected_rejected = self.decay * self._expected_rejected + sum(1.0 - p for p in tried)
+        evidence = self._evidence[source]
+        evidence.add(num_accepted, rejected, sum(tried), sum(1.0 - p for p in tried), self.decay)
         self.costs.observe_acceptance(num_drafted, num_accepted, draft_class)

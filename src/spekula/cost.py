@@ -53,6 +53,8 @@ RECALIBRATE_GAP = 256
 
 AFTER_EDIT = "resync"  # the kind of a suffix-lookup draft class after an edit (proposers.suffix.match_class)
 RECALLED = "recall"  # ... and of one matched only in earlier requests' outputs, not in this request's own text
+CONTEXT = "context"  # the source of every other draft: this request's own text (n-gram, suffix lookup) or a draft model
+SOURCES = (CONTEXT, RECALLED, AFTER_EDIT)  # draft_source's answers
 _MATCH_CLASS = re.compile(rf"(\d+)-gram|(?:suffix|{AFTER_EDIT}|{RECALLED})-(\d+)(?:\.\.\d+|\+)?")
 
 
@@ -71,7 +73,20 @@ def match_length(draft_class: str | None) -> int | None:
 
 def after_edit(draft_class: str | None) -> bool:
     """A draft that follows a copied text again after an edit (suffix lookup's copy cursor: "resync-N")."""
-    return draft_class is not None and draft_class.startswith(f"{AFTER_EDIT}-")
+    return draft_source(draft_class) == AFTER_EDIT
+
+
+@functools.lru_cache(maxsize=1024)  # asked several times a step (control.AdaptiveK)
+def draft_source(draft_class: str | None) -> str:
+    """Where a draft of this class comes from, which a request's evidence is kept apart by (control.AdaptiveK):
+    RECALLED, earlier requests' outputs (suffix lookup's memory: "recall-N"); AFTER_EDIT, a copied text followed
+    again after an edit (suffix lookup's copy cursor: "resync-N"); CONTEXT, anything else (this request's own
+    text, a draft model)."""
+    if draft_class is not None:
+        for source in (RECALLED, AFTER_EDIT):
+            if draft_class.startswith(f"{source}-"):
+                return source
+    return CONTEXT
 
 
 def base_acceptance(draft_class: str | None) -> list[float] | None:

@@ -193,6 +193,70 @@ def test_a_draft_after_an_edit_is_not_judged_by_the_edits_rejections():
     assert ctl.choose_k(draft_class="resync-8..15") >= 1
 
 
+def test_a_request_whose_own_text_copies_does_not_lend_that_to_memory():
+    """Issue 34: drafts from earlier requests' outputs ("recall-N") are judged by this request's record with
+    memory, not by its own text's: a request that copies its prompt says nothing of whether memory holds its
+    answer, and memory that misleads it says nothing of its own text."""
+    costs = llamacpp_like()
+    costs.acceptance = {"suffix-8..15": [0.8] * 4, "recall-8..15": [0.8] * 4}
+    ctl = AdaptiveK(costs, k_max=8)
+    for _ in range(6):  # its own text copies, far more often than the engine expects
+        ctl.observe(4, 4, 4, 0.0, 0.2, draft_class="suffix-8..15")
+    assert ctl.acceptance("suffix-8..15")[0] > 0.9
+    assert ctl.acceptance("recall-8..15") == costs.prior_acceptance("recall-8..15")
+    own = ctl.acceptance("suffix-8..15")
+    ctl.observe(4, 4, 0, 0.0, 0.2, draft_class="recall-8..15")  # memory misled it
+    assert ctl.acceptance("suffix-8..15") == pytest.approx(own, abs=0.01)
+
+
+def test_one_rejected_recalled_draft_switches_memory_off_for_the_request():
+    costs = llamacpp_like()
+    costs.acceptance = {c: [0.9] * 4 for c in ("recall-4..7", "recall-8..15", "recall-16+")}  # memory usually helps
+    ctl = AdaptiveK(costs, k_max=8)
+    assert ctl.choose_k(100, 0, "recall-16+") >= 1
+    ctl.observe(3, 3, 0, 0.0, 0.2, draft_class="recall-16+")  # ... but not this request
+    # no memory draft is bet on again (its classes are one source), and the next probe is a while off
+    assert [ctl.choose_k(100, 0, c) for c in ("recall-16+", "recall-8..15", "recall-4..7") * 2] == [0] * 6
+    assert ctl.reason.startswith("plain: best k=")
+    # where memory is right for a request, a miss (an edit) after a run of hits does not switch it off
+    helped = AdaptiveK(costs, k_max=8)
+    for _ in range(4):
+        k = helped.choose_k(100, 0, "recall-16+")
+        helped.observe(k, k, k, 0.0, costs.target_cost(k + 1), draft_class="recall-16+")
+    helped.observe(8, 8, 0, 0.0, costs.target_cost(9), draft_class="recall-16+")
+    assert helped.choose_k(100, 0, "recall-16+") >= 4
+
+
+def test_memory_starts_its_own_slow_start():
+    """A fully rejected first draft from memory may cost a request at most SLOW_START_PASSES plain passes, even
+    after the request's own text doubled its cap: that proved nothing of memory."""
+    dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)
+    dear.acceptance = {"suffix-16+": [1.0] * 4, "recall-16+": [1.0] * 4}
+    ctl = AdaptiveK(dear, k_max=8)
+    first = ctl.k_cap
+    for _ in range(3):
+        k = ctl.choose_k(100, 0, "suffix-16+")
+        ctl.observe(k, k, k, 0.0, dear.target_cost(k + 1), draft_class="suffix-16+")
+    assert ctl.choose_k(100, 0, "suffix-16+") == 8 > first
+    assert ctl.choose_k(100, 0, "recall-16+") == first and ctl.reason.endswith(f"slow start cap {first}")
+    assert ctl.outlook("recall-16+")[1] == first
+
+
+def test_a_draft_after_an_edit_is_judged_by_its_own_record():
+    """The copy cursor's drafts ("resync-N") are not marked down by what edits cost the request's other drafts
+    (above), but a request whose own resync drafts keep failing stops betting on them."""
+    costs = llamacpp_like()
+    costs.acceptance = {"resync-8..15": [0.9] * 4}
+    ctl = AdaptiveK(costs, k_max=8)
+    assert ctl.choose_k(100, 0, "resync-8..15") >= 1
+    ks = []
+    for _ in range(6):
+        k = ctl.choose_k(100, 0, "resync-8..15")
+        ctl.observe(k, k, 0, 0.0, costs.target_cost(k + 1), draft_class="resync-8..15")
+        ks.append(k)
+    assert ks[-2:] == [0, 0]
+
+
 def test_nothing_to_draft_is_plain_decoding_and_not_a_decision():
     ctl = AdaptiveK(memory_bound(), k_max=8, probe_every=4, probe_budget=1.0)
     assert ctl.choose_k(draft_class=NO_DRAFT) == 0 and ctl.predicted_speedup == 1.0
@@ -241,10 +305,11 @@ def test_learnt_state_is_not_configuration():
         "max_probe_every",
         "min_probe_gain",
         "prior_weight",
+        "recall_prior_weight",
         "decay",
     ]
     with pytest.raises(TypeError):
-        AdaptiveK(memory_bound(), _accepted=5.0)
+        AdaptiveK(memory_bound(), _evidence={})
 
 
 def test_how_far_is_the_fastest_k_up_to_the_slow_start_cap():

@@ -36,7 +36,7 @@ more) was copying, and moves it over each committed token; when the output leave
 cursor waits until two tokens in a row are found again within RESYNC_WINDOW tokens of where the edit
 began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
 followed, edits skipped, which the controller learns apart from suffix matches, and does not mark down for
-the rejections the edits cost: spekula.cost.after_edit). Over the built-in suite's greedy outputs
+the rejections the edits cost: spekula.cost.draft_source). Over the built-in suite's greedy outputs
 (`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`, three runs' outputs) 81% to 95%
 of these drafts had their first token accepted, where short suffix matches (1 to 3 tokens) have 34% to
 60%. What an edit replaced (at most MAX_SUBSTITUTED source

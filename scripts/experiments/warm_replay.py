@@ -1,0 +1,125 @@
+"""A warm server, replayed offline: what the suffix proposer's memory of earlier answers does to new requests.
+
+`ngram_replay.py` replays a `spekula bench` run's greedy outputs through the engine; this replays them as a server
+that has been running sees them. One engine (one cost model, one suffix-cache namespace) first serves every
+request of the run except the held-out ones (--new), in the run's order, then the held-out ones. Each held-out
+request is also replayed on a fresh engine (nothing remembered, nothing learnt), and per request the script prints
+the decode speedup over plain decoding at the given pass costs, warm and cold, and what was drafted and accepted
+per draft source (spekula.cost.draft_source: the request's own text, earlier requests' outputs "recall", the copy
+cursor after an edit "resync"), so a loss on a warm server can be traced to the drafts that cost it.
+
+--spread prints instead, per request of the run (every one warm, in the run's order), how often the first token of
+a draft of each source is accepted when the proposer drafts at every position (matches of one token left out): how
+much requests differ from each other in what memory's drafts get, against what their own text's drafts get
+(spekula.control.AdaptiveK.acceptance). An experiment, not a maintained tool (scripts/experiments/README.md).
+
+    .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,2:S2,... \\
+        --new open-chat,creative-writing,json-extraction-05
+    .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --spread
+
+Found on docs/benchmarks/llamacpp-confirm at the AVX-512 pass costs (docs/benchmarks/llamacpp/pass_costs.txt):
+memory's first-token acceptance spreads across requests from never to most of the time, by kind of request (a
+JSON extraction's keys repeat, a chat answer's text does not), far wider than the request's own text's; and
+before issue 34's change a request whose own text copies bet on memory's drafts on the strength of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine  # noqa: E402
+
+from spekula.config import SamplingParams, SpecConfig, StopConfig  # noqa: E402
+from spekula.cost import CostModel, draft_source  # noqa: E402
+from spekula.proposers.base import NO_DRAFT  # noqa: E402
+from spekula.trace import ListTrace  # noqa: E402
+
+
+def run(engine, request: Request) -> tuple[float, dict[str, list[int]]]:
+    """Replay one request: (decode speedup over plain decoding, {source: [drafted, accepted]})."""
+    backend: ReplayBackend = engine.target
+    backend.expect(request.prompt, [*request.output, next(iter(backend.eos_token_ids))])
+    trace = ListTrace()
+    stop = StopConfig(max_tokens=request.budget)
+    engine.generate(request.prompt, SamplingParams(), stop, trace, namespace=NAMESPACE).run()
+    costs = engine.costs
+    seconds = sum(costs.target_cost(width) for width in backend.widths)
+    by_source: dict[str, list[int]] = {}
+    for step in trace.steps:
+        if step.drafted:
+            counts = by_source.setdefault(draft_source(step.draft_class), [0, 0])
+            counts[0] += len(step.drafted)
+            counts[1] += step.accepted
+    return request.emitted * costs.target_cost(1) / seconds, by_source
+
+
+def warm_and_cold(requests: list[Request], new: list[str], table: dict[int, float], vocab) -> None:
+    spec = SpecConfig(k=None)
+
+    def engine():
+        return replay_engine("suffix", spec, CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab))
+
+    held = [r for r in requests if any(r.prompt_id.startswith(n) for n in new)]
+    warm = engine()
+    for request in requests:
+        if request not in held:
+            run(warm, request)
+    print("prompt | warm | cold | warm: drafted/accepted by source")
+    for request in held:
+        speedup, by_source = run(warm, request)
+        cold, _ = run(engine(), request)
+        drafts = ", ".join(f"{source} {d}/{a}" for source, (d, a) in sorted(by_source.items()))
+        print(f"{request.prompt_id} | {speedup:.3f}x | {cold:.3f}x | {drafts}")
+
+
+def spread(requests: list[Request], vocab) -> None:
+    factory = replay_engine("suffix", SpecConfig(k=None), CostModel(), ReplayBackend(*vocab)).proposer
+    rates: dict[str, list[float]] = {}
+    for request in requests:
+        proposer, counts = factory.create(NAMESPACE), {}
+        for pos in range(len(request.output)):
+            context = request.prompt + request.output[:pos]
+            draft_class = proposer.draft_class(context)
+            if draft_class == NO_DRAFT or draft_class.endswith("-1"):
+                continue
+            first = proposer.propose(context, 1, SamplingParams(), None).tokens
+            seen = counts.setdefault(draft_source(draft_class), [0, 0])
+            seen[0] += first == request.output[pos : pos + 1]
+            seen[1] += 1
+        proposer.draft_class(request.prompt + request.output)
+        proposer.close()
+        for source, (accepted, drafts) in counts.items():
+            if drafts >= 3:
+                rates.setdefault(source, []).append(accepted / drafts)
+    print("source | requests | first-token acceptance per request: min, quartiles, max")
+    for source, values in sorted(rates.items()):
+        cuts = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+        cells = ", ".join(f"{v:.2f}" for v in (min(values), *cuts, max(values)))
+        print(f"{source} | {len(values)} | {cells}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="a spekula bench results.json[.gz] (its plain-decoding outputs are replayed)")
+    ap.add_argument("--costs", help="seconds per target pass by width, as n:s,n:s,... (at least n = 1)")
+    ap.add_argument("--new", default="open-chat,creative-writing", help="comma-separated prompt id prefixes held out")
+    ap.add_argument("--spread", action="store_true", help="instead: first-token acceptance per request and source")
+    args = ap.parse_args()
+    requests, vocab = load_requests(args.results)
+    if args.spread:
+        spread(requests, vocab)
+        return 0
+    if not args.costs:
+        ap.error("give --costs (or --spread)")
+    table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
+    warm_and_cold(requests, [n.strip() for n in args.new.split(",") if n.strip()], table, vocab)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
