@@ -1,0 +1,245 @@
+"""spekula serve against llama.cpp's own llama-server, plain and speculating, on a fresh and on a warm server.
+
+Starts every contender at once on loopback, on the same GGUF with the same threads, and sends each request
+to all of them, one request in flight at a time, the contenders' order rotating from request to request
+(so none always runs first). OpenAI chat requests, greedy (temperature 0), as a client sees them: tokens/s
+per request is `usage.completion_tokens` over the request's wall time.
+
+The built-in suite (src/spekula/bench/suite) is split three ways, each category's prompts dealt in turn (an
+edit session's two turns stay together, in order): set A, set B and the warm-up set W.
+
+1. cold: set A on the freshly started servers;
+2. warm-up: set W, not reported (it fills each server's memory: spekula's suffix cache of earlier answers,
+   llama-server's n-gram pool and prompt cache);
+3. warm: set B, prompts no server has seen, on servers that have now answered A and W.
+
+So cold and warm are measured on different prompts, each against llama-server's plain decoding on the same
+prompts in the same phase. `--warmup-rounds N` sends W N times (with a salt line per round, so it is new
+text to every cache) to warm the servers longer.
+
+Contenders (`--contenders`, comma-separated; default: all of these):
+  llama-server          llama-server -m GGUF -t T -tb T -np P --port ... (its defaults otherwise)
+  ngram-simple          ... --spec-type ngram-simple
+  ngram-mod             ... --spec-type ngram-mod
+  spekula               spekula serve --target MODEL --threads T --port ... (its defaults: suffix, k auto)
+  spekula-plain         ... --draft none
+
+The binary is $LLAMA_SERVER, default .venv/bin/llama-server (`make llama-server` builds it from the same
+llama.cpp source as the installed llama-cpp-python). Writes OUT/results.jsonl (one line per request and
+contender), OUT/table.md, OUT/commands.txt and each server's log; the last line printed is one JSON object.
+
+    .venv/bin/python scripts/llama_server_compare.py OUT [--max-tokens 96] [--warmup-rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from spekula.bench.workloads import TURN, WorkItem, builtin_workload, conversation_order
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAIN = "llama-server"
+SPEC_TYPES = {"llama-server": None, "ngram-simple": "ngram-simple", "ngram-mod": "ngram-mod"}
+SPEKULA = {"spekula": [], "spekula-plain": ["--draft", "none"]}
+CONTENDERS = [*SPEC_TYPES, *SPEKULA]
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    argv: list[str]
+    port: int
+    model: str = ""  # what it lists at /v1/models, once it answers
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a built-in model name (its GGUF) or a .gguf path")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=1, help="llama-server's -np (slots)")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--warmup-rounds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0, help="the order of each set")
+    ap.add_argument("--port", type=int, default=18300, help="the first contender's port; the next ones follow")
+    ap.add_argument("--start-timeout", type=float, default=600.0)
+    args = ap.parse_args(argv)
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = [c for c in args.contenders if c not in CONTENDERS]
+    if unknown or PLAIN not in args.contenders:
+        ap.error(f"--contenders: choose from {', '.join(CONTENDERS)}, {PLAIN} included (the baseline)")
+    return args
+
+
+def split_suite(items: list[WorkItem], seed: int) -> dict[str, list[WorkItem]]:
+    """Deal each category's prompts (an edit session's turns together) to sets A, B and W in turn, then put
+    each set in a seeded order with every session's turns one after the other."""
+    units: dict[str, list[list[WorkItem]]] = {}
+    sessions: dict[str, list[WorkItem]] = {}
+    for item in items:
+        found = TURN.fullmatch(item.id)
+        if found:
+            if found["session"] not in sessions:
+                sessions[found["session"]] = []
+                units.setdefault("sessions", []).append(sessions[found["session"]])
+            sessions[found["session"]].append(item)
+        else:
+            units.setdefault(item.category, []).append([item])
+    sets: dict[str, list[WorkItem]] = {"A": [], "B": [], "W": []}
+    for group in units.values():
+        for i, unit in enumerate(group):
+            sets["ABW"[i % 3]].extend(unit)
+    rng = random.Random(seed)
+    for items_ in sets.values():
+        rng.shuffle(items_)
+    return {name: conversation_order(items_) for name, items_ in sets.items()}
+
+
+def servers(args: argparse.Namespace, gguf: str) -> list[Server]:
+    binary = os.environ.get("LLAMA_SERVER", str(ROOT / ".venv" / "bin" / "llama-server"))
+    if not Path(binary).is_file():
+        raise SystemExit(f"no llama-server at {binary}: run `make llama-server` (or set LLAMA_SERVER)")
+    out = []
+    for i, name in enumerate(args.contenders):
+        port = args.port + i
+        if name in SPEC_TYPES:
+            argv = [binary, "-m", gguf, "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.parallel)]
+            argv += ["--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--spec-type", SPEC_TYPES[name]] if SPEC_TYPES[name] else []
+        else:
+            argv = [sys.executable, "-m", "spekula", "serve", "--target", args.model, "--threads", str(args.threads)]
+            argv += ["--port", str(port), *SPEKULA[name]]
+        out.append(Server(name, argv, port))
+    return out
+
+
+def wait_ready(server: Server, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1.0)  # polling a child process's HTTP port: no event to wait on
+    raise SystemExit(f"{server.name} did not answer /health within {timeout:.0f} s")
+
+
+def model_id(server: Server) -> str:
+    """The model name the server lists first (spekula serve refuses another)."""
+    with urllib.request.urlopen(server.url + "/v1/models", timeout=30) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def ask(server: Server, item: WorkItem, max_tokens: int, salt: str = "") -> dict:
+    """One greedy chat request: wall seconds, completion tokens, text."""
+    messages = item.salted(salt).chat_messages() if salt else item.chat_messages()
+    body = {"model": server.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
+    request = urllib.request.Request(
+        server.url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=900) as r:
+        answer = json.loads(r.read())
+    seconds = time.perf_counter() - start
+    tokens = answer["usage"]["completion_tokens"]
+    text = answer["choices"][0]["message"]["content"]
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "text": text}
+
+
+def run_phase(phase: str, items: list[WorkItem], live: list[Server], args, log, turn: int, salt: str = "") -> int:
+    for item in items:
+        for j in range(len(live)):
+            server = live[(turn + j) % len(live)]
+            row = {"phase": phase, "id": item.id, "category": item.category, "server": server.name}
+            row.update(ask(server, item, args.max_tokens, salt))
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+        turn += 1
+        print(f"{phase} {item.id}", flush=True)
+    return turn
+
+
+def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
+    """Per phase and category: each contender's median per-request tokens/s ratio over llama-server plain."""
+    by = {(r["phase"], r["id"], r["server"]): r for r in rows}
+    summary: dict = {}
+    lines = []
+    for phase in ("cold", "warm"):
+        ids = sorted({(r["category"], r["id"]) for r in rows if r["phase"] == phase})
+        categories = sorted({c for c, _ in ids})
+        head = "| contender | all | " + " | ".join(categories) + f" | text as {PLAIN}'s |"
+        lines += [
+            f"\n{phase} (tokens/s over {PLAIN}, median per request)\n",
+            head,
+            "|---" * (len(categories) + 3) + "|",
+        ]
+        for name in contenders:
+            ratios = {
+                (c, i): by[(phase, i, name)]["tokens_per_s"] / by[(phase, i, PLAIN)]["tokens_per_s"] for c, i in ids
+            }
+            cells = {c: statistics.median(v for (cc, _), v in ratios.items() if cc == c) for c in categories}
+            whole = statistics.median(ratios.values())
+            same = sum(by[(phase, i, name)]["text"] == by[(phase, i, PLAIN)]["text"] for _, i in ids)
+            summary.setdefault(phase, {})[name] = {"all": whole, **cells, "same_text_as_plain": same}
+            row = f"| {name} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories)
+            lines.append(row + f" | {same}/{len(ids)} |")
+    return "\n".join(lines) + "\n", summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from spekula.models import resolve
+
+    gguf = str(resolve(args.model).gguf_path) if not args.model.endswith(".gguf") else args.model
+    sets = split_suite(builtin_workload(), args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    live = servers(args, gguf)
+    (args.out / "commands.txt").write_text("\n".join(shlex.join(s.argv) for s in live) + "\n")
+    procs = []
+    try:
+        for s in live:
+            log = open(args.out / f"{s.name}.log", "w")
+            env = dict(os.environ, HF_HUB_OFFLINE="1")
+            procs.append(subprocess.Popen(s.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
+        for s in live:
+            wait_ready(s, args.start_timeout)
+        live = [replace(s, model=model_id(s)) for s in live]
+        with open(args.out / "results.jsonl", "w") as log:
+            turn = run_phase("cold", sets["A"], live, args, log, 0)
+            for r in range(args.warmup_rounds):
+                turn = run_phase("warmup", sets["W"], live, args, log, turn, salt=f"(warm-up round {r})" if r else "")
+            run_phase("warm", sets["B"], live, args, log, turn)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+    rows = [json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines()]
+    text, summary = table(rows, args.contenders)
+    (args.out / "table.md").write_text(text)
+    print(text)
+    print(json.dumps({"out": str(args.out), "sets": {k: len(v) for k, v in sets.items()}, "summary": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

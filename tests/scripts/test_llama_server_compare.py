@@ -1,0 +1,83 @@
+"""scripts/llama_server_compare.py: the suite split into cold, warm-up and warm sets, the servers' command
+lines, and the table of ratios over llama-server's plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+from scriptkit import loaded
+
+from spekula.bench.workloads import TURN, builtin_workload
+
+
+@pytest.fixture(scope="module")
+def script():
+    with loaded("llama_server_compare.py") as module:
+        yield module
+
+
+def test_the_suite_is_dealt_into_three_disjoint_sets_that_cover_it(script):
+    items = builtin_workload()
+    sets = script.split_suite(items, seed=0)
+    ids = [[i.id for i in s] for s in sets.values()]
+    assert sorted(sum(ids, [])) == sorted(i.id for i in items)  # every prompt once
+    for category in {i.category for i in items}:  # every category in the measured sets
+        assert any(i.category == category for i in sets["A"])
+        assert any(i.category == category for i in sets["B"])
+    assert script.split_suite(items, seed=0) == sets  # reproducible
+    assert script.split_suite(items, seed=1) != sets
+
+
+def test_an_edit_session_s_turns_stay_together_and_in_order(script):
+    for items in script.split_suite(builtin_workload(), seed=3).values():
+        ids = [i.id for i in items]
+        for position, item_id in enumerate(ids):
+            found = TURN.fullmatch(item_id)
+            if found and found["turn"] == "1":
+                assert ids[position + 1] == f"{found['session']}-turn2"
+
+
+def test_every_contender_runs_the_same_gguf_with_the_same_threads(script, tmp_path, monkeypatch):
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    monkeypatch.setenv("LLAMA_SERVER", str(binary))
+    args = script.parse_args([str(tmp_path / "out"), "--threads", "3", "--parallel", "4"])
+    servers = {s.name: s for s in script.servers(args, "/models/m.gguf")}
+    assert list(servers) == script.CONTENDERS
+    assert len({s.port for s in servers.values()}) == len(servers)
+    for name in ("llama-server", "ngram-simple", "ngram-mod"):
+        argv = servers[name].argv
+        assert argv[0] == str(binary) and argv[argv.index("-m") + 1] == "/models/m.gguf"
+        assert argv[argv.index("-t") + 1] == "3" and argv[argv.index("-np") + 1] == "4"
+    assert "--spec-type" not in servers["llama-server"].argv
+    assert servers["ngram-mod"].argv[-2:] == ["--spec-type", "ngram-mod"]
+    assert servers["spekula-plain"].argv[-2:] == ["--draft", "none"]
+    assert servers["spekula"].argv[servers["spekula"].argv.index("--threads") + 1] == "3"
+
+
+def test_a_missing_llama_server_says_how_to_build_it(script, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_SERVER", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit, match="make llama-server"):
+        script.servers(script.parse_args([str(tmp_path)]), "m.gguf")
+
+
+def test_the_baseline_cannot_be_left_out(script, tmp_path):
+    with pytest.raises(SystemExit):
+        script.parse_args([str(tmp_path), "--contenders", "spekula,ngram-mod"])
+
+
+def test_the_table_is_each_contender_s_median_ratio_over_plain_llama_server(script):
+    def row(phase, id_, category, server, tps, text="t"):
+        return {"phase": phase, "id": id_, "category": category, "server": server, "tokens_per_s": tps, "text": text}
+
+    rows = []
+    for phase in ("cold", "warm"):
+        rows += [row(phase, "a", "code", "llama-server", 10.0), row(phase, "a", "code", "spekula", 15.0)]
+        rows += [row(phase, "b", "code", "llama-server", 20.0), row(phase, "b", "code", "spekula", 10.0, "other")]
+        rows += [row(phase, "c", "chat", "llama-server", 10.0), row(phase, "c", "chat", "spekula", 9.0)]
+    text, summary = script.table(rows, ["llama-server", "spekula"])
+    assert summary["cold"]["spekula"]["code"] == pytest.approx((1.5 + 0.5) / 2)
+    assert summary["warm"]["spekula"]["chat"] == pytest.approx(0.9)
+    assert summary["cold"]["spekula"]["all"] == pytest.approx(0.9)  # median of 1.5, 0.5, 0.9
+    assert summary["cold"]["spekula"]["same_text_as_plain"] == 2
+    assert summary["warm"]["llama-server"]["all"] == 1.0
+    assert "| spekula | 0.900 |" in text
