@@ -27,7 +27,8 @@ $(LLAMA_STAMP): $(STAMP) requirements/llamacpp.txt
 setup: $(STAMP) $(LLAMA_STAMP)
 
 # llama.cpp's own server, from the same llama.cpp source, for benchmarks only (~10 minutes on 2 cores; never
-# part of demo or test): scripts/server_compare.sh and `spekula bench --endpoint` start it as a baseline.
+# part of demo or test): scripts/llama_server_compare.py and scripts/server_compare.sh start it as a baseline;
+# `spekula bench --endpoint URL` measures one already running.
 llama-server: $(VENV)/bin/llama-server
 
 $(VENV)/bin/llama-server: $(LLAMA_STAMP)

@@ -72,10 +72,17 @@ def test_every_extra_of_the_code_is_an_extra_of_pyproject_with_the_packages_that
 
 
 def test_make_installs_the_core_and_every_extra():
-    lines = (ROOT / "requirements" / "base.txt").read_text().splitlines()
-    pinned = {dist_name(line) for line in lines if line.strip() and not line.startswith("#")}
+    """base.txt by pip; llamacpp.txt by spekula.llamacpp_build (built for this CPU), never by pip's default."""
+    base, llamacpp = (pinned_in(ROOT / "requirements" / name) for name in ("base.txt", "llamacpp.txt"))
+    assert llamacpp == {"llama-cpp-python"} and not base & llamacpp
+    pinned = base | llamacpp
     declared = dists(PYPROJECT["dependencies"]) | {d for r in OPTIONAL.values() for d in dists(r)}
     assert pinned == declared
+
+
+def pinned_in(path) -> set[str]:
+    lines = path.read_text().splitlines()
+    return {dist_name(line) for line in lines if line.strip() and not line.startswith("#")}
 
 
 def test_a_missing_extra_is_named_with_the_command_that_installs_it():
