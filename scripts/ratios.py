@@ -7,7 +7,8 @@ spekula's plain decoding for decode-only ratios, which that loop does not record
 
     .venv/bin/python scripts/ratios.py RESULTS.json[.gz] --over plain [--configs "suffix k=auto,plain-again"]
 
-Prints a Markdown table: one row per category and one for all prompts; a cell is "whole, decode only" (median
+Prints a Markdown table: one row per category and one for all prompts (its header names the proposer memory the
+figures are for, cold or warm, where the results say: `spekula bench --warm`); a cell is "whole, decode only" (median
 of the per-prompt ratios; "n/a" where either side has no decode-only rate), then TPOT's ratio (below 1: faster
 per token) and τ of the configuration (output tokens over target passes, all its prompts of the category).
 
@@ -32,10 +33,19 @@ ALL = "all"
 BOOTSTRAP_DRAWS = 2000
 
 
-def load(path: Path) -> list[dict[str, Any]]:
+def read(path: Path) -> dict[str, Any]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)["requests"]
+        return json.load(f)
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return read(path)["requests"]
+
+
+def memory_state(result: dict[str, Any]) -> str | None:
+    """The proposer memory a run's figures are for ("cold", "warm", "server"); None where the file does not say."""
+    return (result.get("proposer_memory") or {}).get("state")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -102,8 +112,11 @@ def table(
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], over: str, configs: Sequence[str], interval: bool = False) -> str:
-    """The table as Markdown; `interval`: the header names the intervals the rows carry (table(interval=True))."""
+def markdown(
+    rows: list[dict[str, Any]], over: str, configs: Sequence[str], interval: bool = False, memory: str | None = None
+) -> str:
+    """The table as Markdown; `interval`: the header names the intervals the rows carry (table(interval=True));
+    `memory`: the proposer memory the run's figures are for, named in the header where known."""
 
     def f(x: float | None, spec: str, unit: str = "") -> str:
         return "n/a" if x is None else format(x, spec) + unit
@@ -115,7 +128,8 @@ def markdown(rows: list[dict[str, Any]], over: str, configs: Sequence[str], inte
         return f"{f(v['whole'], '.3f', 'x')} [{low:.3f}, {high:.3f}]"
 
     head = " | ".join(f"{c}: whole{' [95% interval]' if interval else ''}, decode only; TPOT; τ" for c in configs)
-    lines = [f"| category (over {over}) | {head} |", "|---|" + "---|" * len(configs)]
+    state = f"; proposer memory {memory}" if memory else ""
+    lines = [f"| category (over {over}{state}) | {head} |", "|---|" + "---|" * len(configs)]
     for row in rows:
         cells = [
             f"{whole(v)}, {f(v['decode'], '.3f', 'x')}; {f(v['tpot'], '.3f')}; {f(v['tau'], '.2f')}"
@@ -136,14 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a 95%% bootstrap interval of each whole-request median (prompts resampled)",
     )
     args = ap.parse_args(argv)
-    requests = load(args.results)
+    result = read(args.results)
+    requests = result["requests"]
     names = list(dict.fromkeys(r["config"] for r in requests))
     configs = [c.strip() for c in args.configs.split(",")] if args.configs else [c for c in names if c != args.over]
     unknown = [c for c in configs if c not in names]
     if unknown:
         ap.error(f"no configuration {', '.join(map(repr, unknown))} in these results; they have {', '.join(names)}")
     rows = table(requests, args.over, configs, args.interval)
-    print(markdown(rows, args.over, configs, args.interval))
+    print(markdown(rows, args.over, configs, args.interval, memory_state(result)))
     return 0
 
 

@@ -53,7 +53,7 @@ def last_json(capsys):
 def test_bench_cli(tiny_llama, tmp_path, capsys):
     docs = tmp_path / "BENCHMARKS.md"
     docs.write_text(
-        "# Benchmarks\n\nintro\n\n<!-- spekula bench: begin -->\nold\n<!-- spekula bench: end -->\n\nafter\n"
+        "# Benchmarks\n\nintro\n\n<!-- spekula bench: begin -->\nstale-table\n<!-- spekula bench: end -->\n\nafter\n"
     )
     rc = main(
         [
@@ -90,7 +90,7 @@ def test_bench_cli(tiny_llama, tmp_path, capsys):
     assert target["role"] == "target" and re.fullmatch(r"[0-9a-f]{64}", target["sha256"])
     assert result["manifest"]["config"]["max_tokens"] == 6
     updated = docs.read_text()
-    assert "old" not in updated and "intro" in updated and "after" in updated and f"| {name} k=2 |" in updated
+    assert "stale-table" not in updated and "intro" in updated and "after" in updated and f"| {name} k=2 |" in updated
     assert "![Speedup over plain decoding" in updated
     assert "## spekula bench" in text
 

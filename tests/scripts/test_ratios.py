@@ -71,3 +71,14 @@ def test_the_command_prints_the_interval_on_request(script, tmp_path, capsys):
     assert "whole [95% interval]" in lines[0]
     assert lines[2] == "| a | 1.750x [1.500, 2.000], 2.500x; 0.650; 2.00 |"  # a1 2.0x, a2 1.5x: drawn alone or together
     assert lines[3] == "| b | n/a, n/a; n/a; n/a |"
+
+
+def test_the_header_names_the_proposer_memory_the_figures_are_for(script, tmp_path, capsys):
+    """A warm run (`spekula bench --warm`) reads like any other; its table says it is warm, an older file nothing."""
+    warm = [dict(r, prompt_id=f"{r['prompt_id']}~again1") for r in REQUESTS]  # resent prompts' ids
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"requests": warm, "proposer_memory": {"state": "warm", "prefix_requests": 200}}))
+    assert script.main([str(path), "--over", "plain"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| category (over plain; proposer memory warm) | fast:")
+    assert lines[2] == "| a | 1.750x, 2.500x; 0.650; 2.00 |"

@@ -104,7 +104,8 @@ def add_endpoint_options(p: argparse.ArgumentParser) -> None:
         "--requests",
         type=int,
         default=None,
-        help="requests per endpoint (default: one per prompt; more cycles the prompts)",
+        help="requests per endpoint (default: one per prompt; more cycles the prompts); with bench --warm, the "
+        "reported requests of the sequence, in-process too (default: until every prompt it holds out is sent)",
     )
     g.add_argument(
         "--time-limit", type=float, default=None, metavar="S", help="start no request after S seconds per endpoint"
@@ -115,6 +116,36 @@ def add_endpoint_options(p: argparse.ArgumentParser) -> None:
         default=300.0,
         metavar="S",
         help="give up on one request after S seconds (default 300)",
+    )
+
+
+def add_warm_options(p: argparse.ArgumentParser) -> None:
+    from spekula.bench.workloads import RESEND, WARM_PREFIX
+
+    g = p.add_argument_group("a warm server (default: cold, every repeat from an empty proposer memory)")
+    g.add_argument(
+        "--warm",
+        type=int,
+        nargs="?",
+        const=WARM_PREFIX,
+        default=None,
+        metavar="M",
+        help="measure a server that has been running: the workload becomes one long mixed sequence (seeded order, "
+        "a session's turns in order, some prompts sent again later) with one proposer memory per configuration; "
+        f"its first M requests (default {WARM_PREFIX}) run but are not reported, and the reported prompts are "
+        "ones they never sent, except those in the 'resent' category. --requests N: N reported requests. "
+        "With --endpoint the prefix goes to each server first, and --repeats cuts the reported part into phases",
+    )
+    g.add_argument(
+        "--resend",
+        type=float,
+        default=RESEND,
+        metavar="P",
+        help=f"with --warm: the share of requests that send an earlier prompt again, a line in front "
+        f"(default {RESEND})",
+    )
+    g.add_argument(
+        "--shuffle-seed", type=int, default=0, metavar="N", help="with --warm: the seed of the sequence (default 0)"
     )
 
 
@@ -161,6 +192,7 @@ def register_bench(sub: Any) -> argparse.ArgumentParser:
     )
     add_output_options(p)
     add_endpoint_options(p)
+    add_warm_options(p)
     p.add_argument(
         "--salt",
         action="store_true",
@@ -281,6 +313,26 @@ def items_from_args(args: argparse.Namespace, sample: int | None = None, sample_
     )
 
 
+def warm_from_args(args: argparse.Namespace, items: list):
+    """The warm server's sequence (bench --warm), or None for a cold run; refuses options that shape nothing."""
+    from spekula.bench.runner import check_warm_repeats
+    from spekula.bench.workloads import RESEND, server_sequence
+    from spekula.errors import ConfigError
+
+    if args.warm is None:
+        if args.requests is not None and not args.endpoint:
+            raise ConfigError(
+                "--requests sets how many requests an --endpoint run or a --warm sequence sends; an in-process run "
+                "sends every prompt once per repeat. Add --warm, or drop --requests"
+            )
+        if args.resend != RESEND or args.shuffle_seed:
+            raise ConfigError("--resend and --shuffle-seed shape a --warm sequence: add --warm, or drop them")
+        return None
+    if not args.endpoint:
+        check_warm_repeats(args.repeats)
+    return server_sequence(items, args.warm, args.requests, seed=args.shuffle_seed, resend=args.resend)
+
+
 def choices_from_args(args: argparse.Namespace) -> list:
     from spekula.bench.runner import choice_with_defaults, parse_spec
 
@@ -378,6 +430,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from spekula.errors import ConfigError
 
     items = items_from_args(args)
+    warm = warm_from_args(args, items)
+    if warm is not None:
+        items = list(warm.reported)
     sampling = sampling_from_args(args)
     markdown_into = Path(args.markdown_into) if args.markdown_into else None
     out = out_dir(args, "bench")
@@ -400,6 +455,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             config=config_of(args),
             repeats=args.repeats,
             salt=args.salt,
+            warm=warm,
         )
     else:
         if args.baseline_endpoint:
@@ -412,7 +468,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_baseline(args.baseline, list(dict.fromkeys([PLAIN] + [c.name for c in choices])))  # before loading
         contenders, codec, models = load_contenders(args, choices)
         names = ", ".join(c.name for c in contenders)
-        _log(f"measuring {len(items)} prompts x {len(contenders)} configurations ({names}) ...")
+        before = "" if warm is None else f"a warm server: {len(warm.prefix)} requests unreported, then "
+        _log(f"measuring {before}{len(items)} prompts x {len(contenders)} configurations ({names}) ...")
         result, summary, paths = commands.bench_inprocess(
             contenders,
             codec,
@@ -432,6 +489,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             markdown_into=markdown_into,
             config=config_of(args),
             baseline=args.baseline,
+            warm=warm,
         )
     print(summary)
     print(f"results: {paths['results']}\nreport:  {paths['report']}")

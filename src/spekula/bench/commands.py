@@ -21,14 +21,16 @@ from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.results import result_dict, write_outputs
 from spekula.bench.runner import (
     PLAIN,
+    PREFIX_REPEAT,
     Contender,
     SpecChoice,
+    cold_memory,
     encode_items,
     render_tokens,
     request_sampling,
     run_inprocess,
 )
-from spekula.bench.workloads import WorkItem
+from spekula.bench.workloads import ServerSequence, WorkItem, split_sequence
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
@@ -55,9 +57,12 @@ def bench_inprocess(
     config: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     baseline: str = PLAIN,
+    warm: ServerSequence | None = None,
 ) -> tuple[dict[str, Any], str, dict[str, str]]:
     """Run, summarise, write results.json / report.html / summary.md / plots. Returns (result, summary, paths).
-    baseline: the configuration every ratio is over (default spekula's plain decoding)."""
+    baseline: the configuration every ratio is over (default spekula's plain decoding). warm: a warm server's
+    sequence (workloads.server_sequence; `items` is its reported part); None: a cold run."""
+    _check_reported(items, warm)
     results = run_inprocess(
         contenders,
         codec,
@@ -70,12 +75,13 @@ def bench_inprocess(
         warmup=warmup,
         progress=progress,
         baseline=baseline,
+        warm_prefix=None if warm is None else list(warm.prefix),
     )
-    configs = [c.choice.to_dict() for c in contenders]
+    memory = cold_memory(len(items), repeats) if warm is None else warm.describe()
     result = result_dict(
         mode="in-process",
         target=target_name,
-        configs=configs,
+        configs=[c.choice.to_dict() for c in contenders],
         baseline=baseline,
         workload_name=workload_name,
         items=items,
@@ -83,23 +89,40 @@ def bench_inprocess(
         max_tokens=max_tokens,
         repeats=repeats,
         results=results,
-        manifest=manifest(models=models, config=config or {}, seeds=_seeds(sampling, items, repeats)),
+        manifest=manifest(
+            models=models, config=config or {}, seeds=_seeds(sampling, items, repeats, warm), memory=memory
+        ),
         extra=extra,
+        memory=memory,
+        category_order=None if warm is None else warm.categories(),
     )
     result["render"] = _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id)
+    if result["render"] is not None and warm is not None:
+        result["render"]["why"] += " (rendered again with an empty proposer memory, not the run's warm one)"
     summary, paths = write_outputs(result, out_dir, markdown_into)
     return result, summary, paths
 
 
-def _seeds(sampling: SamplingParams, items: list[WorkItem], repeats: int) -> dict[str, Any]:
+def _check_reported(items: list[WorkItem], warm: ServerSequence | None) -> None:
+    if warm is not None and list(items) != list(warm.reported):
+        raise ConfigError("a warm run reports its sequence's reported part: pass items=list(warm.reported)")
+
+
+def _seeds(
+    sampling: SamplingParams, items: list[WorkItem], repeats: int, warm: ServerSequence | None = None
+) -> dict[str, Any]:
     base = sampling.seed if sampling.seed is not None else 0
-    return {
+    seeds = {
         "base": base,
         "rule": "request seed = base + prompt index + 10007 * repeat (same for every configuration)",
         "used": sampling.temperature > 0,
         "prompts": len(items),
         "repeats": repeats,
     }
+    if warm is not None:
+        seeds["prefix_rule"] = f"the warm prefix's request i: base + i + 10007 * {PREFIX_REPEAT}"
+        seeds["sequence"] = {"seed": warm.seed, "rule": "spekula.bench.workloads.server_sequence"}
+    return seeds
 
 
 def _render(
@@ -158,6 +181,7 @@ def bench_endpoints(
     config: dict[str, Any] | None = None,
     repeats: int = 1,
     salt: bool = False,
+    warm: ServerSequence | None = None,
 ) -> tuple[dict[str, Any], str, dict[str, str]]:
     """Same prompts, same load, one endpoint at a time: the baseline deployment first (when given),
     then the measured one; with repeats, phase after phase in alternating order (baseline, endpoint,
@@ -165,38 +189,39 @@ def bench_endpoints(
     order). A request is compared with the other endpoint's request of the same prompt in the same
     phase; throughput is each endpoint's output tokens over the wall time of its phases. salt: every
     phase's prompts begin with a line naming the run and the phase, so a server with a prompt cache
-    does not answer a repeated prompt from an earlier phase (or an earlier run of the same workload)."""
+    does not answer a repeated prompt from an earlier phase (or an earlier run of the same workload).
+
+    warm: a warm server's sequence (workloads.server_sequence; `items` must be its reported part). Each
+    endpoint is sent the prefix first, unreported, so it answers the reported requests after having learnt from
+    those (on top of whatever it learnt before this run: the server's memory is its own); `repeats` then cuts
+    the reported part into that many consecutive phases, in the alternating order, so each prompt is sent to
+    each endpoint once."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
-    results: list[RequestResult] = []
-    walls: dict[str, float] = {}
-    seen: dict[str, dict[str, Any]] = {}  # each endpoint's config, in the first phase's order
+    _check_reported(items, warm)
     order = ([baseline] if baseline else []) + [endpoint]
-    cycles = -(-(load.requests or len(items)) // len(items)) if items else 1  # passes over the items per phase
     run_id = secrets.token_hex(4)
-    for phase in range(repeats):
-        phase_items = [item.salted(f"[run {run_id}, phase {phase + 1}]") for item in items] if salt else items
-        for ep in order if phase % 2 == 0 else order[::-1]:
-            first = phase * cycles
-            rs, wall, model = run_endpoint(
-                ep, phase_items, sampling, load, max_tokens=max_tokens, chat=chat, progress=progress, first_repeat=first
-            )
-            results += rs
-            walls[ep.name] = walls.get(ep.name, 0.0) + wall
-            seen.setdefault(ep.name, {"name": ep.name, "url": ep.url, "model": model, "draft": None, "k": None})
-    configs = list(seen.values())
+    prefix_errors = _send_prefix(order, warm, sampling, load, max_tokens, chat, progress, salt, run_id)
+    if warm is not None:
+        load = replace(load, requests=None)  # the sequence is the run: nothing cycles
+        phases, cycles = split_sequence(list(items), repeats), 1
+    else:
+        phases = [items] * repeats
+        cycles = -(-(load.requests or len(items)) // len(items)) if items else 1  # passes over the items per phase
+    results, walls, configs = _endpoint_phases(
+        order, phases, cycles, sampling, load, max_tokens, chat, progress, salt, run_id
+    )
+    if warm is not None:  # each endpoint was sent the prefix, then the reported requests in order
+        position = {item.id: len(warm.prefix) + n for n, item in enumerate(items)}
+        for r in results:
+            r.requests_before = position[r.prompt_id]
     base_name = baseline.name if baseline else endpoint.name
     borrow_token_counts(results)  # a server that streams no usage counts an identical text as the other side does
     attach_comparisons(results, base_name, sampling.greedy)
     models = [{"role": c["name"], "name": c["model"], "url": c["url"], "sha256": None} for c in configs]
-    load_d = {
-        "concurrency": load.concurrency,
-        "requests": load.requests,
-        "time_limit_s": load.time_limit_s,
-        "request_timeout_s": load.request_timeout_s,
-        "phases": repeats,
-        "salt": f"[run {run_id}, phase N]" if salt else None,
-    }
+    load_d = _load_record(load, repeats, f"[run {run_id}, phase N]" if salt else None)
+    memory = server_memory(warm, prefix_errors)
+    seeds = _seeds(sampling, items, repeats * cycles, warm)
     result = result_dict(
         mode="endpoint",
         target=configs[-1]["model"],
@@ -209,13 +234,99 @@ def bench_endpoints(
         repeats=repeats,
         results=results,
         walls=walls,
-        manifest=manifest(
-            models=models, config={**(config or {}), "load": load_d}, seeds=_seeds(sampling, items, repeats * cycles)
-        ),
+        manifest=manifest(models=models, config={**(config or {}), "load": load_d}, seeds=seeds, memory=memory),
         extra={"load": load_d},
+        memory=memory,
+        category_order=None if warm is None else warm.categories(),
     )
     summary, paths = write_outputs(result, out_dir, markdown_into)
     return result, summary, paths
+
+
+def _load_record(load: Load, phases: int, salt: str | None) -> dict[str, Any]:
+    return {
+        "concurrency": load.concurrency,
+        "requests": load.requests,
+        "time_limit_s": load.time_limit_s,
+        "request_timeout_s": load.request_timeout_s,
+        "phases": phases,
+        "salt": salt,
+    }
+
+
+def server_memory(warm: ServerSequence | None, prefix_errors: dict[str, int]) -> dict[str, Any]:
+    """What an endpoint run records about the servers' memory: theirs, never emptied by the bench."""
+    rule = (
+        "the server's own: whatever it learnt before this run (the bench cannot empty it), plus every request "
+        "this run sent it before"
+    )
+    if warm is None:
+        return {"state": "server", "rule": rule + "; restart the server for a cold one, --warm M for a warm one"}
+    return {**warm.describe(), "rule": rule + ": the prefix first, unreported", "prefix_errors": prefix_errors}
+
+
+def _send_prefix(
+    order: list[Endpoint],
+    warm: ServerSequence | None,
+    sampling: SamplingParams,
+    load: Load,
+    max_tokens: int | None,
+    chat: bool,
+    progress: bool,
+    salt: bool,
+    run_id: str,
+) -> dict[str, int]:
+    """A warm run's prefix to every endpoint, one after the other, unreported; returns the failures per endpoint
+    (a failed prefix request taught that server less: recorded, not fatal)."""
+    if warm is None or not warm.prefix:
+        return {}
+    prefix = list(warm.prefix)
+    if salt:
+        prefix = [item.salted(f"[run {run_id}, prefix]") for item in prefix]
+    errors = {}
+    for ep in order:
+        rs, _, _ = run_endpoint(
+            ep,
+            prefix,
+            sampling,
+            replace(load, requests=None, time_limit_s=None),
+            max_tokens=max_tokens,
+            chat=chat,
+            progress=progress,
+            first_repeat=PREFIX_REPEAT,
+        )
+        errors[ep.name] = sum(not r.ok for r in rs)
+    return errors
+
+
+def _endpoint_phases(
+    order: list[Endpoint],
+    phases: list[list[WorkItem]],
+    cycles: int,
+    sampling: SamplingParams,
+    load: Load,
+    max_tokens: int | None,
+    chat: bool,
+    progress: bool,
+    salt: bool,
+    run_id: str,
+) -> tuple[list[RequestResult], dict[str, float], list[dict[str, Any]]]:
+    """Every phase's items to every endpoint, one endpoint at a time, in alternating order. Returns (results, wall
+    seconds per endpoint, each endpoint's config in the first phase's order)."""
+    results: list[RequestResult] = []
+    walls: dict[str, float] = {}
+    seen: dict[str, dict[str, Any]] = {}
+    for phase, items in enumerate(phases):
+        phase_items = [item.salted(f"[run {run_id}, phase {phase + 1}]") for item in items] if salt else items
+        for ep in order if phase % 2 == 0 else order[::-1]:
+            first = phase * cycles
+            rs, wall, model = run_endpoint(
+                ep, phase_items, sampling, load, max_tokens=max_tokens, chat=chat, progress=progress, first_repeat=first
+            )
+            results += rs
+            walls[ep.name] = walls.get(ep.name, 0.0) + wall
+            seen.setdefault(ep.name, {"name": ep.name, "url": ep.url, "model": model, "draft": None, "k": None})
+    return results, walls, list(seen.values())
 
 
 def tune(

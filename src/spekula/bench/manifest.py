@@ -158,7 +158,10 @@ def git_commit() -> dict[str, Any]:
         return {"commit": None}
 
 
-def manifest(*, models: list[dict[str, Any]], config: dict[str, Any], seeds: dict[str, Any]) -> dict[str, Any]:
+def manifest(
+    *, models: list[dict[str, Any]], config: dict[str, Any], seeds: dict[str, Any], memory: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """memory: the proposer memory the figures are for (results.result_dict's), where the run says."""
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
@@ -167,5 +170,6 @@ def manifest(*, models: list[dict[str, Any]], config: dict[str, Any], seeds: dic
         "machine": machine(),
         "config": config,
         "seeds": seeds,
+        "proposer_memory": memory,
         "git": git_commit(),
     }

@@ -54,6 +54,9 @@ class RequestResult:
     speedup: float | None = None  # tokens_per_s / plain's on the same prompt and repeat
     decode_speedup: float | None = None  # decode_tokens_per_s / plain's (None when prefill is not timed apart)
     identical: bool | None = None  # greedy only: output equals plain decoding's
+    # Requests of this run before this one in its proposer memory's sequence (cold: of its repeat; warm: the prefix
+    # and the reported ones before it; an endpoint: those this run sent it, on top of whatever it learnt before).
+    requests_before: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -87,6 +90,7 @@ class RequestResult:
             "speedup": self.speedup,
             "decode_speedup": self.decode_speedup,
             "identical": self.identical,
+            "requests_before": self.requests_before,
             "stats": self.stats.to_dict(),
         }
 
@@ -145,6 +149,12 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
         "max": float(arr.max()),
         "geomean": float(math.exp(np.log(arr).mean())),
     }
+
+
+def span(values: Sequence[int | None]) -> list[int] | None:
+    """[fewest, most] of the known values (requests before a group's requests), None when none is known."""
+    known = [v for v in values if v is not None]
+    return [min(known), max(known)] if known else None
 
 
 def attach_comparisons(results: list[RequestResult], baseline: str, greedy: bool) -> None:
@@ -220,6 +230,7 @@ def summarise(
         "cpu_s_per_1k_tokens": 1000.0 * sum(cpu) / merged.output_tokens if cpu and merged.output_tokens else None,
         "peak_rss_bytes": max(rss) if rss else None,
         "steps_by_k": dict(sorted(merged.k_chosen.items())),
+        "requests_before": span([r.requests_before for r in ok]),
         "stage_s": {
             "prefill": merged.prefill_s,
             "draft": merged.draft_s,

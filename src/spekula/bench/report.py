@@ -77,11 +77,13 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
         )
     lines += _failures(result)
     lines += _loop_notes(result)
+    lines += ["", memory_note(result)]
     if spec:
         cats = w["categories"]
         lines += [
             "",
-            f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α)",
+            f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α; "
+            f"{memory_state(result)})",
             "",
             "| category | " + " | ".join(spec) + " |",
             "|---|" + "---|" * len(spec),
@@ -109,6 +111,41 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
     for name, path in (images or {}).items():
         lines += ["", f"![{PLOT_TITLES.get(name, name)}]({path})"]
     return "\n".join(lines) + "\n"
+
+
+def memory_state(result: dict[str, Any]) -> str:
+    """'cold', 'warm' or 'server': the proposer memory every figure of the run is for (older results: cold)."""
+    memory = result.get("proposer_memory") or {}
+    return memory.get("state", "cold" if result["mode"] == "in-process" else "server")
+
+
+def memory_note(result: dict[str, Any]) -> str:
+    """One paragraph under the table: what the proposers remembered when each reported request started."""
+    memory = result.get("proposer_memory") or {}
+    state = memory_state(result)
+    before = memory.get("requests_before")
+    span = f"{before[0]} to {before[1]}" if before else "some"
+    if state == "cold":
+        return (
+            "Proposer memory: **cold**, emptied at the start of every repeat, as on a server just started: a request "
+            f"drafts only from the requests before it in its repeat ({span}). A server that has been running "
+            "remembers more: `spekula bench --warm` measures that (docs/BENCH.md)."
+        )
+    if state == "warm":
+        if result["mode"] == "endpoint":
+            how = "each server answering with what it learnt from every request before it"
+            also = " (and whatever it learnt before this run)"
+        else:
+            how, also = "each configuration drafting from its own memory of every request before it", ""
+        return (
+            f"Proposer memory: **warm**, one sequence as a server meets it: {memory.get('prefix_requests')} requests "
+            f"first, not reported, then these, {how} ({span}){also}. The reported prompts are new to the server "
+            "except the 'resent' row: earlier prompts sent again, a line in front."
+        )
+    return (
+        "Server memory: whatever each server had learnt before this run, plus this run's earlier requests; the bench "
+        "cannot empty it (restart a server for a cold one; `--warm` for a warm one)."
+    )
 
 
 def _loop_notes(result: dict[str, Any]) -> list[str]:
@@ -170,7 +207,14 @@ def last_line(result: dict[str, Any], paths: dict[str, str]) -> str:
             "excluded": o.get("excluded", 0),
         }
     return json.dumps(
-        {"kind": result["kind"], "mode": result["mode"], "baseline": result["baseline"], "configs": configs, **paths}
+        {
+            "kind": result["kind"],
+            "mode": result["mode"],
+            "baseline": result["baseline"],
+            "proposer_memory": memory_state(result),
+            "configs": configs,
+            **paths,
+        }
     )
 
 

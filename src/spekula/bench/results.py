@@ -37,7 +37,11 @@ def result_dict(
     walls: dict[str, float] | None = None,
     render: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    memory: dict[str, Any] | None = None,
+    category_order: list[str] | None = None,
 ) -> dict[str, Any]:
+    """memory: what the proposers remembered when each reported request started (runner.cold_memory,
+    ServerSequence.describe, or an endpoint's); category_order: the report's (default: first seen in `items`)."""
     names = [c["name"] for c in configs]
     return {
         "kind": KIND,
@@ -48,7 +52,7 @@ def result_dict(
         "workload": {
             "name": workload_name,
             "prompts": len(items),
-            "categories": categories(items),
+            "categories": category_order or categories(items),
             "items": [i.to_dict() for i in items],
         },
         "sampling": {
@@ -60,6 +64,7 @@ def result_dict(
         },
         "max_tokens": max_tokens,
         "repeats": repeats,
+        "proposer_memory": memory,
         "summary": summarise_by_config(results, names, walls),
         "requests": [r.to_dict() for r in results],
         "render": render,

@@ -9,6 +9,9 @@ own plain decoding of the target's GGUF, as the bar spekula's llama.cpp runtime 
 under every configuration before the next prompt starts, in an order that changes from prompt to prompt
 (balanced_order): drift of the machine (thermal, other processes) hits all of them alike, and so does
 whatever one request leaves behind for the next (no contender always runs right after the same one).
+Proposer memory (the suffix proposer's of earlier outputs) is cold by default: every repeat starts empty. A
+warm run (`--warm`, workloads.server_sequence) is one long sequence with one memory per contender, as on a
+server that has been running: its prefix runs unreported first (prime), then the reported requests.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, TypeVar
 from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.reference import LLAMA_CPP_PYTHON, LOOPS, SPEKULA_LOOP, ReferenceContender
-from spekula.bench.workloads import WorkItem
+from spekula.bench.workloads import COLD, WorkItem
 from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, SpekulaError
@@ -39,6 +42,8 @@ T = TypeVar("T")
 PLAIN = "plain"
 WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped before any measured one
 RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
+SERVER = "server"  # a warm run's one memory: every request drafts from all before it, as on a server
+PREFIX_REPEAT = 1  # a warm run's prefix takes its seeds as a second repeat would (a warm run has one repeat)
 SPEC_KEYS = (
     "draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "shadow", "backend", "exact", "loop", "name"
 )  # fmt: skip
@@ -500,6 +505,18 @@ def repeat_namespace(repeat: int) -> str:
     return f"repeat-{repeat}"
 
 
+def cold_memory(prompts: int, repeats: int) -> dict[str, Any]:
+    """What the bench records about the proposer's memory of a cold run (results and manifest)."""
+    return {
+        "state": COLD,
+        "rule": "every repeat starts from an empty memory (a server just started): a request drafts only from the "
+        "requests before it in its repeat, under its own configuration; `spekula bench --warm` measures a server "
+        "that has been running",
+        "requests_before": [0, max(prompts - 1, 0)],
+        "repeats": repeats,
+    }
+
+
 def request_sampling(sampling: SamplingParams, index: int, repeat: int) -> SamplingParams:
     """Seed of one prompt's request: base seed (0 when none given) + prompt index + 10007 * repeat.
     Every configuration gets the same seed for the same prompt."""
@@ -538,51 +555,41 @@ def run_inprocess(
     progress: bool = True,
     on_result: Callable[[RequestResult], None] | None = None,
     baseline: str | None = None,
+    warm_prefix: list[WorkItem] | None = None,
 ) -> list[RequestResult]:
     """Every prompt under every contender, interleaved; speedup (and, for plain contenders, identity)
     attached against `baseline`: a contender's name, which must be one of them; None: spekula's plain
-    decoding where it is among them (a run without it, e.g. of one proposer in a test, gets no ratios)."""
+    decoding where it is among them (a run without it, e.g. of one proposer in a test, gets no ratios).
+
+    Proposer memory: cold by default (every repeat starts from an empty memory: repeat_namespace). With
+    `warm_prefix` (workloads.ServerSequence.prefix) it is warm, as on a server that has been running: one
+    memory for the whole run (SERVER), filled first by running the prefix, untimed, under every speculative
+    contender (prime); each reported request then drafts from its own contender's memory of everything before
+    it. One repeat only: a second would send the reported prompts again."""
     with needs_extra("bench", "spekula bench"):
         from tqdm import tqdm
 
-    if repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {repeats}")
-    if baseline is None:
-        baseline = PLAIN
-    else:
-        check_baseline(baseline, [c.name for c in contenders])
-    if any(isinstance(c, ReferenceContender) for c in contenders):
-        from spekula.bench.reference import check_sampling
-
-        check_sampling(sampling)  # before any model time is spent
-    ids = encode_items(items, codec, chat)
-    if warmup:  # one-off costs (allocator, thread pool, lazy imports, caches) must hit no measurement
-        first = ids[items[0].id][-16:]  # a short prompt: a long prefill would warm nothing more
-        for c in contenders:
-            c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True), namespace=WARMUP).result()
-        # Forgotten only once every contender has run: each holds its target cache (its prompt cache keeps the
-        # sequence) while the next warms up, so a runtime makes a cache per contender here (a llama.cpp context
-        # costs ~0.3 s to make) and the measured requests find them made.
-        for c in contenders:
-            c.forget(WARMUP)  # its output is the first prompt's own continuation: no measured request drafts it
+    baseline = check_run(contenders, sampling, repeats, baseline, warm_prefix)
+    prefix = list(warm_prefix or [])
+    ids = encode_items(items + prefix, codec, chat)
+    if warmup:
+        warm_up(contenders, ids[items[0].id])
     results: list[RequestResult] = []
-    bar = tqdm(
-        total=len(items) * len(contenders) * repeats,
-        file=sys.stderr,
-        disable=not progress,
-        unit="req",
-        dynamic_ncols=True,
-    )
+    learning = [c for c in contenders if not c.plain]
+    total = len(items) * len(contenders) * repeats + len(prefix) * len(learning)
+    bar = tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", dynamic_ncols=True)
     with PeakRss() as rss, bar:
+        if warm_prefix is not None:
+            prime(learning, prefix, ids, sampling, max_tokens, ignore_eos, tick=lambda: bar.update(1))
         for repeat in range(repeats):
-            namespace = repeat_namespace(repeat)
+            namespace = SERVER if warm_prefix is not None else repeat_namespace(repeat)
             for index, item in enumerate(items):
                 for c in balanced_order(contenders, index + repeat):
                     bar.set_postfix_str(f"{item.id} / {c.name}", refresh=False)
                     sampling_i = request_sampling(sampling, index, repeat)
-                    stop = StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
+                    stop = stop_for(item, max_tokens, ignore_eos)
                     r = measure(c, item, ids[item.id], sampling_i, stop, rss, namespace=namespace)
-                    r.repeat, r.order = repeat, len(results)
+                    r.repeat, r.order, r.requests_before = repeat, len(results), len(prefix) + index
                     results.append(r)
                     if on_result is not None:
                         on_result(r)
@@ -593,6 +600,79 @@ def run_inprocess(
     if sampling.greedy:
         identity_on_own_runtime(results, contenders)
     return results
+
+
+def check_run(
+    contenders: list[Contender | ReferenceContender],
+    sampling: SamplingParams,
+    repeats: int,
+    baseline: str | None,
+    warm_prefix: list[WorkItem] | None,
+) -> str:
+    """Refuse what cannot run before any model time is spent; returns the baseline's name."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    if warm_prefix is not None:
+        check_warm_repeats(repeats)
+    if baseline is None:
+        baseline = PLAIN
+    else:
+        check_baseline(baseline, [c.name for c in contenders])
+    if any(isinstance(c, ReferenceContender) for c in contenders):
+        from spekula.bench.reference import check_sampling
+
+        check_sampling(sampling)
+    return baseline
+
+
+def check_warm_repeats(repeats: int) -> None:
+    """An in-process warm run is one sequence: a second repeat would draft the reported prompts' own answers."""
+    if repeats != 1:
+        raise ConfigError(
+            "--warm runs one sequence with one memory: --repeats would send its reported prompts again, to draft "
+            "their own earlier answers. Drop --repeats (a longer sequence: --requests N)"
+        )
+
+
+def warm_up(contenders: list[Contender | ReferenceContender], prompt_ids: list[int]) -> None:
+    """One-off costs (allocator, thread pool, lazy imports, caches) must hit no measurement: a short request
+    under every contender, from the end of the first prompt (a long prefill would warm nothing more)."""
+    first = prompt_ids[-16:]
+    for c in contenders:
+        c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True), namespace=WARMUP).result()
+    # Forgotten only once every contender has run: each holds its target cache (its prompt cache keeps the
+    # sequence) while the next warms up, so a runtime makes a cache per contender here (a llama.cpp context
+    # costs ~0.3 s to make) and the measured requests find them made.
+    for c in contenders:
+        c.forget(WARMUP)  # its output is the first prompt's own continuation: no measured request drafts it
+
+
+def prime(
+    learning: list[Contender],
+    prefix: list[WorkItem],
+    ids: dict[str, list[int]],
+    sampling: SamplingParams,
+    max_tokens: int | None,
+    ignore_eos: bool,
+    tick: Callable[[], None] = lambda: None,
+) -> None:
+    """A warm run's prefix, untimed and unreported, under every contender that learns across requests (the
+    speculative ones: plain decoding keeps no memory), each request under each in the balanced order, in the
+    SERVER namespace. Request i's seed: request_sampling(sampling, i, PREFIX_REPEAT). Then their prompt caches
+    are emptied (not their proposers' memory), so the first reported request prefills alike for every contender."""
+    if not learning:
+        return
+    for index, item in enumerate(prefix):
+        stop = stop_for(item, max_tokens, ignore_eos)
+        for c in balanced_order(learning, index):
+            c.start(ids[item.id], request_sampling(sampling, index, PREFIX_REPEAT), stop, namespace=SERVER).result()
+            tick()
+    for c in learning:
+        c.engine.prompt_cache.clear()
+
+
+def stop_for(item: WorkItem, max_tokens: int | None, ignore_eos: bool) -> StopConfig:
+    return StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
 
 
 def balanced_order(contenders: list[T], round_: int) -> list[T]:

@@ -269,3 +269,169 @@ def select(
     if not items:
         raise ConfigError("no prompts left after selection; loosen --categories / --per-category / --limit")
     return items
+
+
+# -- a warm server's traffic ------------------------------------------------------------------------
+
+COLD, WARM = "cold", "warm"  # the proposer memory a bench figure is for (cold: a server just started)
+RESENT = "resent"  # the category of a prompt sent again later: reported on a row of its own
+RESEND = 0.2  # default share of a server sequence's requests that resend an earlier prompt
+WARM_PREFIX = 200  # default requests before the reported ones (`--warm` without a number)
+# What a user writes in front of a question asked again: a resent prompt is similar, not byte-identical.
+RESEND_LINES = ("Again, please:", "Asking once more:", "Same question as before:", "One more time, please.")
+
+
+@dataclass(frozen=True)
+class ServerSequence:
+    """One long mixed sequence of requests, as a server that has been running meets them: `prefix` (run but not
+    reported: it fills each proposer's memory) then `reported`. Built by server_sequence."""
+
+    prefix: tuple[WorkItem, ...]
+    reported: tuple[WorkItem, ...]
+    seed: int
+    resend: float
+    category_order: tuple[str, ...]  # the source workload's categories, then RESENT
+
+    def categories(self) -> list[str]:
+        """The reported categories, in the source workload's order (the sequence itself is shuffled)."""
+        present = set(categories(self.reported))
+        return [c for c in self.category_order if c in present]
+
+    def describe(self) -> dict[str, Any]:
+        """What the bench records about the proposer's memory of a warm run (results and manifest)."""
+        return {
+            "state": WARM,
+            "prefix_requests": len(self.prefix),
+            "requests_before": [len(self.prefix), len(self.prefix) + len(self.reported) - 1],
+            "reported_requests": len(self.reported),
+            "resent_reported": sum(i.category == RESENT for i in self.reported),
+            "resend": self.resend,
+            "seed": self.seed,
+            "rule": "one memory for the whole run, as a server's: the prefix runs first (not reported), then each "
+            "reported request drafts from its configuration's memory of every request before it; the reported "
+            "prompts are ones the prefix never sent, except those of category 'resent' (an earlier prompt sent "
+            "again, a line in front)",
+            "prefix_ids": [i.id for i in self.prefix],
+        }
+
+
+def server_sequence(
+    items: list[WorkItem], prefix: int, requests: int | None = None, seed: int = 0, resend: float = RESEND
+) -> ServerSequence:
+    """A warm server's traffic from a workload: each category's prompts (an edit session's turns together, in
+    order) dealt in turn to the reported part and, when `prefix` > 0, to the prefix's pool, so every reported
+    prompt is new to the server; each part in a seeded random order. At each request, with probability `resend`,
+    a prompt sent earlier (in the prefix or the reported part) is sent again instead, as users resend similar
+    questions (a line in front; category RESENT, id `<id>~againN`). The prefix is `prefix` requests, resending
+    once its pool is used up; the reported part is `requests` requests (default: until every held-out prompt is
+    sent), resending once its prompts are used up. The same seed gives the same sequence."""
+    if prefix < 0:
+        raise ConfigError(f"--warm takes the number of requests before the reported ones, >= 0; got {prefix}")
+    if requests is not None and requests < 1:
+        raise ConfigError(f"--requests must be >= 1, got {requests}")
+    if not 0 <= resend < 1:
+        raise ConfigError(f"--resend is the share of requests that resend an earlier prompt, in [0, 1); got {resend}")
+    held, pool = _deal(_units(items), to_prefix=prefix > 0)
+    if prefix and not pool:
+        raise ConfigError(
+            "a warm sequence deals each category's prompts in turn to the reported part and to the prefix, and with "
+            "one prompt (or edit session) per category the prefix gets none: keep at least two of some category "
+            "(e.g. --per-category 2), or --warm 0"
+        )
+    rng = random.Random(seed)
+    rng.shuffle(held)
+    rng.shuffle(pool)
+    sent: list[list[WorkItem]] = []
+    resends: dict[str, int] = {}
+    head = _draw(pool, prefix, sent, resends, rng, resend)
+    body = _draw(held, requests, sent, resends, rng, resend)
+    order = (*categories(items), RESENT)
+    return ServerSequence(tuple(head), tuple(body), seed, resend, order)
+
+
+def _units(items: list[WorkItem]) -> list[list[WorkItem]]:
+    """Each edit session's turns as one unit (by turn), every other item a unit of its own, in workload order."""
+    units: list[list[WorkItem]] = []
+    sessions: dict[str, list[WorkItem]] = {}
+    for item in conversation_order(items):
+        found = TURN.fullmatch(item.id)
+        if found is None:
+            units.append([item])
+        elif found["session"] in sessions:
+            sessions[found["session"]].append(item)
+        else:
+            sessions[found["session"]] = [item]
+            units.append(sessions[found["session"]])
+    return units
+
+
+def _deal(units: list[list[WorkItem]], to_prefix: bool) -> tuple[list[list[WorkItem]], list[list[WorkItem]]]:
+    """(held out for the reported part, the prefix's pool): each category's units in turn, the first held out."""
+    if not to_prefix:
+        return list(units), []
+    held, pool = [], []
+    dealt: dict[str, int] = {}
+    for unit in units:
+        n = dealt.get(unit[0].category, 0)
+        dealt[unit[0].category] = n + 1
+        (held if n % 2 == 0 else pool).append(unit)
+    return held, pool
+
+
+def _draw(
+    fresh: list[list[WorkItem]],
+    limit: int | None,
+    sent: list[list[WorkItem]],
+    resends: dict[str, int],
+    rng: random.Random,
+    resend: float,
+) -> list[WorkItem]:
+    """Up to `limit` requests (None: until `fresh` is used up): the next fresh unit, or with probability `resend`
+    (always, once `fresh` is used up) a unit of `sent` sent again. Appends what it sends fresh to `sent`."""
+    out: list[WorkItem] = []
+    fresh = list(fresh)
+    while limit is None or len(out) < limit:
+        if not fresh and (limit is None or not sent):
+            break
+        if sent and (not fresh or rng.random() < resend):
+            out += _resent(rng.choice(sent), resends, rng.choice(RESEND_LINES))
+        else:
+            sent.append(fresh.pop(0))
+            out += sent[-1]
+    return out if limit is None else out[:limit]
+
+
+def _resent(unit: list[WorkItem], resends: dict[str, int], line: str) -> list[WorkItem]:
+    """`unit` asked again: `line` in front of each turn's first message, category RESENT, ids `<id>~againN` (an edit
+    session's turns keep their `-turnN` ending, so they still read as one conversation)."""
+    key = unit[0].id
+    resends[key] = resends.get(key, 0) + 1
+    out = []
+    for item in unit:
+        found = TURN.fullmatch(item.id)
+        again = f"~again{resends[key]}"
+        new_id = f"{found['session']}{again}-turn{found['turn']}" if found else f"{item.id}{again}"
+        out.append(replace(item.salted(line), id=new_id, category=RESENT))
+    return out
+
+
+def split_sequence(items: list[WorkItem], parts: int) -> list[list[WorkItem]]:
+    """`items` cut into `parts` consecutive runs of about equal length, never between two turns of one session."""
+    if parts < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {parts}")
+    cuts = []
+    for p in range(1, parts):
+        at = round(p * len(items) / parts)
+        while 0 < at < len(items) and _same_session(items[at - 1], items[at]):
+            at += 1
+        cuts.append(at)
+    bounds = [0, *cuts, len(items)]
+    chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+    if any(not chunk for chunk in chunks):
+        raise ConfigError(f"{len(items)} reported requests cannot make {parts} phases; lower --repeats")
+    return chunks
+
+
+def _same_session(a: WorkItem, b: WorkItem) -> bool:
+    found_a, found_b = TURN.fullmatch(a.id), TURN.fullmatch(b.id)
+    return bool(found_a and found_b and found_a["session"] == found_b["session"])
