@@ -54,7 +54,7 @@
 #   BASELINE_HUGE_PAGES [1] 1: the baseline (llama_cpp.server or llama-server) starts with
 #                       GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the 2 MiB pages `spekula serve` gives itself
 #                       (spekula.hugepages), so both sides decode on the same page size; 0: as a user starts it
-#                       (where THP is "madvise": one-token passes 6 to 8% slower here)
+#                       (where THP is "madvise": slower one-token passes, docs/decisions/0002-huge-pages.md)
 #   BASELINE_SERVE_ARGS [unset] when set (even to "-"), the baseline is a second `spekula serve` with these options
 #                       in place of llama_cpp.server (on LLAMA_PORT)
 #   LLAMA_SERVER_SPECS [unset] when set, the baselines are llama-server's: a space-separated list of its
@@ -97,9 +97,14 @@ LLAMA_SPEC_TYPES=(none ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-ca
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 log() { echo "server_compare: $*" >&2; }
-record() { # ARGV...: append one command line to commands.txt
-    printf '%q ' "$@" >>"$OUT/commands.txt"
-    echo >>"$OUT/commands.txt"
+record() { # ARGV...: append one command line to commands.txt, naming no machine: paths from the checkout, from
+    # $SPEKULA_CACHE or from ~ (as spekula.bench.manifest.portable writes them)
+    local line cache=${SPEKULA_CACHE:-$HOME/.cache/spekula}
+    line=$(printf '%q ' "$@")
+    line=${line//"$ROOT/"/}
+    line=${line//"$cache/"/'$SPEKULA_CACHE/'}
+    line=${line//"$HOME/"/'~/'}
+    echo "$line" >>"$OUT/commands.txt"
 }
 
 # The baselines, as parallel arrays: display name, kind (llama_cpp.server | llama-server | spekula), llama-server's

@@ -59,6 +59,8 @@ from typing import Any
 
 import httpx
 
+from spekula.bench.manifest import portable
+
 try:
     import psutil
 except ImportError:  # RSS is then reported as not measured
@@ -651,13 +653,14 @@ def main(argv: list[str] | None = None) -> int:
             own.stop()
         print(f"soak: {e}", file=sys.stderr)
         return 2
-    summary["command"] = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
+    # what the summary records names no machine: paths relative to the checkout (spekula.bench.manifest.portable)
+    summary["command"] = shlex.join(portable([sys.executable, *sys.argv] if argv is None else argv))
     if own is not None:
         summary["server"] = {
-            "command": shlex.join(own.cmd),
+            "command": shlex.join(portable(own.cmd)),
             "exit_code": own.stop(),
             "tracebacks_in_log": own.tracebacks(),
-            "log": str(own.log_path),
+            "log": portable(str(own.log_path)),
         }
     print(table(summary), file=sys.stderr)
     line = json.dumps(summary)

@@ -15,8 +15,8 @@ def compute_bound() -> CostModel:
 
 
 def llamacpp_avx512() -> CostModel:
-    """llama.cpp's 1.5B Q4_K_M on 2 AVX-512 cores, measured (docs/BENCHMARKS.md, pass costs): a 2-row pass
-    1.5x a one-row pass, 16 rows 4.4x, 17 rows dearer than 16 (4-row kernel groups)."""
+    """llama.cpp's 1.5B Q4_K_M on 2 AVX-512 cores, measured (docs/BENCHMARKS.md, "Pass costs by width"):
+    a 2-row pass 1.5x a one-row pass, 16 rows 4.4x, 17 rows dearer than 16 (4-row kernel groups)."""
     ms = {1: 33, 2: 50, 3: 62, 4: 75, 5: 93, 8: 131, 9: 141, 12: 155, 13: 162, 16: 146, 17: 177}
     return CostModel(target_s={n: v / 1000 for n, v in ms.items()}, frozen=True)
 

@@ -13,9 +13,20 @@ from spekula.errors import ConfigError
 
 # --k auto's longest draft. Where a wide verify pass is cheap (oneDNN-packed fp32 weights) and a draft
 # is free (n-gram lookup), code edits copy runs long enough to fill it; where a wide pass is dear, the
-# cost model never picks that far anyway (docs/BENCHMARKS.md, pass costs by width and packed fp32;
+# cost model never picks that far anyway (docs/BENCHMARKS.md, "Pass costs by width" and "Packed fp32";
 # `scripts/pass_costs.py --widths`, `scripts/experiments/ngram_replay.py --k-max`).
 K_MAX = 16
+
+
+def is_int(value: object) -> bool:
+    """An integer, and not a bool (to Python True is the integer 1; to a user it is never a count).
+    The one such check: every option, request field and file field that takes an integer uses it."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float, and not a bool (NaN passes no range check, so it must fail this one)."""
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))  # an int of any size is finite
 
 
 @dataclass(frozen=True)
@@ -34,19 +45,15 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.temperature, (int, float))
-            or not math.isfinite(self.temperature)
-            or self.temperature < 0
-        ):
+        if not is_number(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p < 1.0:
+        if not is_number(self.min_p) or not 0.0 <= self.min_p < 1.0:
             raise ConfigError(f"min_p must be in [0, 1) (0 = off), got {self.min_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+        if self.seed is not None and not is_int(self.seed):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
 
     @property
@@ -67,27 +74,19 @@ class SuffixOptions:
     spec_factor: float = 1.0  # a draft is at most spec_factor x the matched length
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_depth) or self.max_depth < 1:
+        if not is_int(self.max_depth) or self.max_depth < 1:
             raise ConfigError(f"suffix max_depth must be an integer >= 1, got {self.max_depth!r}")
         for name in ("cache_entries", "cache_bytes"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ConfigError(f"suffix {name} must be an integer >= 0 (0: no cross-request cache), got {value!r}")
-        if not _is_number(self.spec_factor) or not self.spec_factor > 0:
+        if not is_number(self.spec_factor) or not self.spec_factor > 0:
             raise ConfigError(
                 f"suffix spec_factor must be > 0 (a draft is at most spec_factor x the matched length), "
                 f"got {self.spec_factor!r}"
             )
-        if not _is_number(self.min_token_prob) or not 0.0 <= self.min_token_prob <= 1.0:
+        if not is_number(self.min_token_prob) or not 0.0 <= self.min_token_prob <= 1.0:
             raise ConfigError(f"suffix min_token_prob must be a probability in [0, 1], got {self.min_token_prob!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -120,18 +119,18 @@ class SpecConfig:
             raise ConfigError(f"prompt_cache must be true or false, got {self.prompt_cache!r}")
         if not isinstance(self.shadow_drafts, bool):
             raise ConfigError(f"shadow_drafts must be true or false, got {self.shadow_drafts!r}")
-        if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
+        if self.k is not None and (not is_int(self.k) or self.k < 0):
             raise ConfigError(f"k (draft length) must be an integer >= 0 (0 = plain decoding), got {self.k!r}")
         if self.k is not None and self.k > 64:
             raise ConfigError(f"k (draft length) must be at most 64, got {self.k}; typical values are 2 to 8")
-        if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
+        if not is_int(self.k_max) or not 1 <= self.k_max <= 64:
             raise ConfigError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
-        if not isinstance(self.ngram_min, int) or self.ngram_min < 1:
+        if not is_int(self.ngram_min) or self.ngram_min < 1:
             raise ConfigError(f"ngram_min must be an integer >= 1, got {self.ngram_min!r}")
-        if not isinstance(self.ngram_max, int) or self.ngram_max < self.ngram_min:
+        if not is_int(self.ngram_max) or self.ngram_max < self.ngram_min:
             raise ConfigError(f"ngram_max must be an integer >= ngram_min ({self.ngram_min}), got {self.ngram_max!r}")
         c = self.draft_confidence
-        if c is not None and (not isinstance(c, (int, float)) or isinstance(c, bool) or not 0.0 < c < 1.0):
+        if c is not None and (not is_number(c) or not 0.0 < c < 1.0):
             raise ConfigError(f"draft_confidence must be a probability strictly between 0 and 1 (e.g. 0.4), got {c!r}")
         if not isinstance(self.suffix, SuffixOptions):
             raise ConfigError(f"suffix must be a SuffixOptions, got {self.suffix!r}")
@@ -147,7 +146,7 @@ class StopConfig:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -179,15 +178,15 @@ class BackendConfig:
     parallel: int = 1
 
     def __post_init__(self) -> None:
-        if not _is_int(self.parallel) or not 1 <= self.parallel <= MAX_PARALLEL:
+        if not is_int(self.parallel) or not 1 <= self.parallel <= MAX_PARALLEL:
             raise ConfigError(
                 f"parallel must be an integer in [1, {MAX_PARALLEL}] (sequences in one pass), got {self.parallel!r}"
             )
         if not isinstance(self.exact, bool):
             raise ConfigError(f"exact must be true or false, got {self.exact!r}")
-        if self.context_length is not None and (not isinstance(self.context_length, int) or self.context_length < 2):
+        if self.context_length is not None and (not is_int(self.context_length) or self.context_length < 2):
             raise ConfigError(f"context_length must be an integer >= 2, got {self.context_length!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
             raise ConfigError(f"threads must be an integer >= 1, got {self.threads!r}")

@@ -28,11 +28,10 @@ stay rare.
 
 Acceptance is learnt per *draft class* where the proposer can tell, before drafting, how promising
 its next draft is (Proposer.draft_class): n-gram lookup's drafts after a long match are accepted
-far more often than after a one-token match (docs/BENCHMARKS.md, acceptance by draft class;
-`scripts/experiments/ngram_replay.py --by-class`), so one alpha for both would bet on the weak
-matches and hold back on the strong ones. A batching scheduler chooses every request's k for a round
-together (CostModel.best_ks), from what each request's controller expects of its next draft
-(Controller.outlook): the rows of one pass are shared, so a draft pays only if its expected tokens
+far more often than after a one-token match (`scripts/experiments/ngram_replay.py --by-class` measures
+it), so one alpha for both would bet on the weak matches and hold back on the strong ones. A batching scheduler
+chooses every request's k for a round together (CostModel.best_ks), from what each request's controller expects of
+its next draft (Controller.outlook): the rows of one pass are shared, so a draft pays only if its expected tokens
 pay for its own rows at what the pass's other rows already cost.
 """
 
@@ -313,7 +312,7 @@ class AdaptiveK(Controller):
         over g T(1), which probe_budget bounds. Where a 2-token pass costs little more than a plain
         one (oneDNN-packed fp32 weights) that leaves probe_every; where it costs nearly a second pass
         (transformers' fp32, llama.cpp on few cores) probes come far less often (docs/BENCHMARKS.md,
-        pass costs)."""
+        "Pass costs by width")."""
         c = self.costs
         extra = c.target_cost(2) + c.draft_s_per_token - c.target_cost(1)
         return max(self.probe_every, math.ceil(extra / (self.probe_budget * c.target_cost(1))))
@@ -330,17 +329,13 @@ class AdaptiveK(Controller):
         cap starts lower; where a wide pass is dear (transformers' fp32, llama.cpp on few cores) a wrong
         prior costs a short draft instead of a long one.
 
-        Why two passes, and rows: with one pass (k <= 1 on llama.cpp, whose 2-row pass costs ~1.8 plain
-        ones) a request's first drafts were the widths that lose most per row, and short outputs (JSON)
-        never got past them; doubling k from 3 landed on 7 and 13 rows, between llama.cpp's 4-row
-        groups, where doubling rows lands on 8 and 16. Replayed on the docs run's outputs
-        (scripts/experiments/ngram_replay.py; docs/BENCHMARKS.md, "Slow start now risks two plain
-        passes"), both together took the suffix proposer's median over every prompt from 1.176x to
-        1.224x at the AVX-512 pass costs and from 1.163x to 1.172x at the AVX2 ones, and its JSON median
-        from 0.979x to 1.014x (AVX-512); on 40 prompts it was not chosen on, code editing 1.443x to 1.500x
-        (AVX-512) and 1.367x to 1.521x (AVX2). The price: prose that drafts little loses a little more to
-        wrong first drafts (open chat 1.000x to 0.997x at the AVX2 costs, 1.000x to 0.990x on the held-out
-        prompts at the AVX-512 ones).
+        Why two passes, and rows: with one pass (k <= 1 on llama.cpp, whose 2-row pass costs most of a
+        second plain one: docs/BENCHMARKS.md, "Pass costs by width") a request's first drafts were the
+        widths that lose most per row, and short outputs (JSON) never got past them; doubling k from 3
+        landed on 7 and 13 rows, between llama.cpp's 4-row groups, where doubling rows lands on 8 and 16. The
+        price: a wrong prior costs a 4-row pass instead of a 2-row one, so prose that drafts little loses a
+        little. The replays that decided it (scripts/experiments/ngram_replay.py, two machines' pass costs,
+        prompts it was and was not chosen on) are docs/decisions/0003-slow-start.md.
 
         Evidence of its own is kept per text copied (cap): drafts of this request's own text that passed say
         nothing of what earlier requests' outputs will do here, so memory's drafts start at the first cap

@@ -2,7 +2,7 @@
 
 Speculation pays only when the tokens it gains outweigh what drafting and a wider verify pass cost,
 and both depend on the hardware: a memory-bound target verifies a block of tokens for little more
-than the price of one, a compute-bound one pays for every row (docs/BENCHMARKS.md, pass costs;
+than the price of one, a compute-bound one pays for every row (docs/BENCHMARKS.md, "Pass costs by width";
 `scripts/pass_costs.py` measures them). So nothing here assumes a shape: CostModel measures seconds
 per target pass for each block width and seconds per draft token, and best_k picks the k that
 maximises expected tokens per second
@@ -37,7 +37,7 @@ PRIOR_ALPHA = 0.6  # the engine-wide alpha before any evidence, and where it ret
 HALF_LIFE = 512
 RELAX_PER_STEP = 1.0 - 0.5 ** (1.0 / HALF_LIFE)  # the share of the way back one step goes
 # calibrate times every verify width up to this one, where the cost curve bends from memory-bound to
-# compute-bound (docs/BENCHMARKS.md, pass costs); past it every width where that costs little (see
+# compute-bound (docs/BENCHMARKS.md, "Pass costs by width"); past it every width where that costs little (see
 # calibrate), else the widths where a kernel that works in groups of rows changes slope: 4j and 4j + 1
 # (llama.cpp's repacked kernels: a pass of 16 rows is far cheaper than one of 17)
 DENSE_WIDTHS = 9
@@ -149,7 +149,7 @@ class CostModel:
     target_s[n]: seconds for one target pass over n tokens (EMA of observations); widths never
     measured are interpolated linearly between measured ones (extrapolated with the last slope).
     calibrated: target_s as calibrate left it. The machine's speed drifts (other work, a busy
-    calibration; a host's time per token swung 4x within a docs run), and plain steps observe only the
+    calibration: docs/decisions/0004-pass-costs-follow-the-machine.md), and plain steps observe only the
     one-token pass, so its drift from its calibrated time stands for the machine's: a width not observed
     online since calibrate is scaled by it, and a width observed online by how far it moved since that
     width was last observed. A width timed while the machine was slow then does not look dear once it is
@@ -161,10 +161,9 @@ class CostModel:
     acceptance: per draft class (Proposer.draft_class), the running chance that draft position i is
     accepted given every earlier one was, for i < POSITIONS: the prior for a class's drafts. It is
     not flat: once the first token of an n-gram draft after a short match is accepted, the match is
-    one token longer, and later tokens are accepted more often (docs/BENCHMARKS.md, acceptance by
-    draft class; `scripts/experiments/ngram_replay.py --by-class` measures it). A class never
-    observed starts from base_acceptance (its match length), and every rate, alpha included, relaxes
-    back towards its base with HALF_LIFE engine steps (tick).
+    one token longer, and later tokens are accepted more often (`scripts/experiments/ngram_replay.py
+    --by-class` measures it). A class never observed starts from base_acceptance (its match length),
+    and every rate, alpha included, relaxes back towards its base with HALF_LIFE engine steps (tick).
     """
 
     target_s: dict[int, float] = field(default_factory=dict)

@@ -13,8 +13,9 @@ ask, and the allocation happens inside it, so the one process-wide switch is gli
 `glibc.malloc.hugetlb=1` (glibc 2.35+), which makes malloc ask for every block it maps. glibc reads
 tunables only when a process starts, so `spekula` (the CLI, not the library) re-executes itself once, in
 place (same process id, same arguments and interpreter options), with the tunable added to GLIBC_TUNABLES.
-MADV_COLLAPSE could turn pages huge after loading instead, but kernels without it answer EINVAL (this
-one does), and copying the weights through fresh pages costs seconds at every load.
+MADV_COLLAPSE could turn pages huge after loading instead, but kernels without it answer EINVAL (the
+measuring machine's did: docs/decisions/0002-huge-pages.md), and copying the weights through fresh pages costs
+seconds at every load.
 
 Opt out with SPEKULA_HUGE_PAGES=0. A GLIBC_TUNABLES that already names glibc.malloc.hugetlb is left as it
 is (the user's choice wins). Nothing happens off Linux, off glibc, or where THP is "never".

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, SuffixOptions
+from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, SuffixOptions, is_number
 from spekula.errors import ConfigError
 
 MIB = 1 << 20
@@ -66,7 +66,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "equals plain decoding in this mode (without it, near-ties in the target's top two logits can flip): flash "
         "attention, a Q8_0 K cache (llama.cpp's -fa on -ctk q8_0), blocks of at most 3 tokens a pass. Plain "
         "decoding costs what it does without it; speculation gains less (k=auto drafts 2 tokens a step), and a "
-        "server gives each request its own context (no batching); measured in docs/BENCHMARKS.md "
+        "server gives each request its own context (no batching); its cost: docs/BENCHMARKS.md, --exact "
         "(default: off; the other runtimes need no such flag)",
     )
     p.add_argument(
@@ -149,7 +149,7 @@ def suffix_from_args(args: argparse.Namespace) -> SuffixOptions:
             given[name] = value
     mb = getattr(args, "suffix_cache_mb", None)
     if mb is not None:
-        if not isinstance(mb, (int, float)) or not 0 <= mb < float("inf"):
+        if not is_number(mb) or mb < 0:
             raise ConfigError(f"--suffix-cache-mb must be a number of MiB >= 0 (0: no cross-request cache), got {mb!r}")
         given["cache_bytes"] = int(mb * MIB)
     return SuffixOptions(**given)

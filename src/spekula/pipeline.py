@@ -201,7 +201,7 @@ def has_llama_cpp() -> bool:
 def default_runtime(target: str, device: str | None = None, dtype: str = "float32") -> str:
     """How the target runs when nobody says (an explicit --backend always wins): llama.cpp for a GGUF
     target on a CPU when llama-cpp-python is installed, since it decodes a Q4 GGUF several times faster
-    than any fp32 PyTorch runtime on a CPU (docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`);
+    than any fp32 PyTorch runtime on a CPU (docs/BENCHMARKS.md, "Packed fp32"; `scripts/pass_costs.py`);
     native on a GPU, for a Hugging Face directory, or without llama-cpp-python (packed fp32 weights verify
     a block of tokens for little more than the cost of one; transformers' fp32 pays for every row).
 
@@ -219,19 +219,19 @@ def default_runtime(target: str, device: str | None = None, dtype: str = "float3
 def default_draft(runtime: str) -> str:
     """The proposer when nobody says (an explicit --draft always wins): suffix lookup on a llama.cpp target,
     the draft model DEFAULT_DRAFT on the others. On a CPU with few cores every verified row costs (llama.cpp's
-    pass costs: docs/BENCHMARKS.md, physics), so only drafting that is free can pay there, and then only where
-    text is being copied; the controller keeps suffix lookup off elsewhere. PyTorch runtimes verify a block for
-    little more than one token (packed fp32 weights, a GPU), so a draft model's longer accepted runs pay there.
-    The output does not depend on it: every proposer is lossless."""
+    pass costs: docs/BENCHMARKS.md, "Pass costs by width"), so only drafting that is free can pay there, and
+    then only where text is being copied; the controller keeps suffix lookup off elsewhere. PyTorch runtimes
+    verify a block for little more than one token (packed fp32 weights, a GPU), so a draft model's longer accepted
+    runs pay there. The output does not depend on it: every proposer is lossless."""
     return "suffix" if runtime == LLAMACPP else DEFAULT_DRAFT
 
 
 def default_draft_runtime(draft: str | None, target_runtime: str) -> str:
     """How a draft model runs when nobody says: llama.cpp for a draft that has a GGUF, when the target
     runs in PyTorch and llama-cpp-python is installed (a Q4 draft step costs a fraction of the same
-    model's step in fp32 PyTorch on a CPU: docs/BENCHMARKS.md, pass costs; `scripts/pass_costs.py`);
-    otherwise like the target (so a llama.cpp target, the default on a CPU, gets a llama.cpp draft).
-    The output does not depend on it: losslessness needs only the target's probabilities."""
+    model's step in fp32 PyTorch on a CPU: `scripts/pass_costs.py` measures both); otherwise like the target (so a
+    llama.cpp target, the default on a CPU, gets a llama.cpp draft). The output does not depend on it:
+    losslessness needs only the target's probabilities."""
     if target_runtime != LLAMACPP and needs_model(draft) and is_gguf(draft) and has_llama_cpp():
         return LLAMACPP
     return target_runtime

@@ -2,15 +2,14 @@
 
 A chat's next turn, an agent's next call or an edit session's second request re-sends everything said
 so far, and a request that shares a system prompt with the last one starts with the same tokens. Their
-prefill is much of what such a request costs on a CPU (docs/BENCHMARKS.md, the server's TTFT against its
-latency), and llama.cpp's server
-(`cache_prompt`) and vLLM (automatic prefix caching) skip the part they have seen. An engine keeps up
-to `max_kept` finished sequences, the most recently finished last: a new request takes the one that
-shares the most leading tokens with its prompt (at least `min_tokens`), cut back to what they share,
-and prefills only the rest; otherwise it opens a fresh one. One is enough for one client; a server
-with several clients keeps more (llama.cpp's shared context: as many as it has sequence ids to spare),
-or the second turn of one conversation finds its first turn's cache gone, replaced by whichever
-other request finished in between. Where the runtime's sequences come from a bounded pool
+prefill is much of what such a request costs on a CPU (docs/BENCHMARKS.md, "The server: spekula serve
+against llama_cpp.server": TTFT against latency), and llama.cpp's server (`cache_prompt`) and vLLM
+(automatic prefix caching) skip the part they have seen. An engine keeps up to `max_kept` finished
+sequences, the most recently finished last: a new request takes the one that shares the most leading tokens with
+its prompt (at least `min_tokens`), cut back to what they share, and prefills only the rest; otherwise it opens a
+fresh one. One is enough for one client; a server with several clients keeps more (llama.cpp's shared context: as
+many as it has sequence ids to spare), or the second turn of one conversation finds its first turn's cache gone,
+replaced by whichever other request finished in between. Where the runtime's sequences come from a bounded pool
 (Backend.spare_sequences), the oldest kept ones are freed when a new request needs the room.
 
 Where the runtime can share KV cells between sequences (llama.cpp's shared context, with the server's

@@ -2,27 +2,25 @@
 
 A controller learns a draft class's acceptance only from drafts it verifies, and it verifies only where it
 already expects them to pay. So a class whose prior is pessimistic is never tried and never learnt: on
-llama.cpp, where a 4-row pass costs over twice a one-row pass, a fresh process decoded a code edit that
-re-emits its prompt line by line with k = 0 on 163 of 172 steps, 155 of them with a suffix match in hand
-(96 of 4 tokens or more; `spekula generate --chat --draft suffix --trace`, docs/BENCHMARKS.md).
+llama.cpp, where a wide pass is dear, a fresh process can decode a code edit that re-emits its prompt almost
+entirely plainly with a suffix match in hand (`spekula generate --chat --draft suffix --trace` on the
+code-editing-01 prompt shows it step by step; docs/decisions/0005-shadow-drafts-off.md).
 
 A model-free proposer (suffix or n-gram lookup: Proposer.free_to_draft) drafts in microseconds, so at a
 plain step the engine asks it for the draft it would have made anyway and keeps it aside. The tokens the
 target emits next (by any kind of step) are the target's own continuation of the same context, so they
-score that draft as verification would have: under greedy decoding a drafted token is accepted exactly
-when it equals the emitted one; under sampling, a deterministic draft token is accepted with probability
-p(token), which is the probability that the emitted token equals it, so the count is an unbiased sample of
-the acceptance. Once the draft is settled (a token differs, or all of them matched), the controller learns
-it as it learns a verified draft (Controller.observe_shadow): nothing is verified, so the pass costs and
-output are untouched. One shadow is open at a time, so overlapping drafts of one stretch do not count the
-same tokens twice.
+score that draft exactly as verification would have: a drafted token is accepted exactly when it equals the
+emitted one, under greedy decoding and under sampling alike (a sampled position's token is the target's own
+seeded draw there, whatever the step: spekula.verify.verify_positional). Once the draft is settled (a token
+differs, or all of them matched), the controller learns it as it learns a verified draft
+(Controller.observe_shadow): nothing is verified, so the pass costs and output are untouched. One shadow is
+open at a time, so overlapping drafts of one stretch do not count the same tokens twice.
 
 Where (engine.Generation._open_shadow): only with SpecConfig.shadow_drafts (off by default), only after a
 match of SHADOW_MIN_MATCH tokens or more, and only while the request has verified no draft of its own
-(Controller.wants_shadows): the cold start. Measured (docs/BENCHMARKS.md, `spekula bench --spec
-draft=suffix,k=auto,shadow=on` beside the default, six runs): whole-run tokens/s within -1.1% and +1.4%,
-copy-heavy categories mostly up, but the median prompt's speedup 1.6 to 5% lower in five of the six (an
-A/A of two identical contenders moved it 1.8%), so it stays opt-in until that is understood.
+(Controller.wants_shadows): the cold start. Off by default: in same-run A/Bs against the default they
+raised copy-heavy categories but lowered the median prompt's speedup, so they stay opt-in until a longer run
+settles it (docs/decisions/0005-shadow-drafts-off.md has the command, the runs and the machine).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from dataclasses import dataclass
 
 # Shadows are drafted only after a match of at least this many tokens. Copying shows itself in long
 # matches; one- to three-token matches are everywhere in prose, and shadows of them taught the controller
-# to draft in chat replies where verified drafts then failed (docs/BENCHMARKS.md, shadow=off A/B).
+# to draft in chat replies where verified drafts then failed (docs/decisions/0005-shadow-drafts-off.md).
 SHADOW_MIN_MATCH = 4
 
 

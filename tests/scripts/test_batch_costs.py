@@ -1,5 +1,6 @@
-"""scripts/batch_costs.py: the cost of one batched llama.cpp pass by shape, as docs/BENCHMARKS.md and the
-shared context's attention choice (llamacpp.SHARED_FLASH_ATTENTION) cite it."""
+"""scripts/batch_costs.py: the cost of one batched llama.cpp pass by shape, the measurement that
+docs/decisions/0006-shared-context-flash-attention.md, docs/SERVER.md and the shared context's attention choice
+(llamacpp.SHARED_FLASH_ATTENTION) cite."""
 
 from __future__ import annotations
 

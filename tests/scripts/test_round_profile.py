@@ -1,5 +1,5 @@
-"""scripts/round_profile.py: where a lone request's scheduler round goes, as docs/BENCHMARKS.md cites it
-(spekula serve's time per token at concurrency 1)."""
+"""scripts/round_profile.py: where a lone request's scheduler round goes (spekula serve's time per token at
+concurrency 1)."""
 
 from __future__ import annotations
 

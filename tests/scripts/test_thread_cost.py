@@ -1,5 +1,5 @@
-"""scripts/thread_cost.py: a pass's cost on a serving thread by where the model was loaded, as
-docs/BENCHMARKS.md and spekula.threads cite it."""
+"""scripts/thread_cost.py: a pass's cost on a serving thread by where the model was loaded, the measurement
+spekula.threads and docs/ARCHITECTURE.md (threads.py) cite."""
 
 from __future__ import annotations
 

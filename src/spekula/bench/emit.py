@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spekula.config import K_MAX, SuffixOptions
+from spekula.config import K_MAX, SuffixOptions, is_int
 from spekula.errors import ConfigError
 from spekula.options import read_json_object
 
@@ -164,7 +164,7 @@ def emit(engine: str, config: Mapping[str, Any], steps_by_k: Mapping[Any, int] |
 
 def _fixed_k(k: Any, k_max: int, steps_by_k: Mapping[Any, int] | None) -> tuple[int, str]:
     """The fixed number of drafted tokens an engine gets for spekula's k, and how it was chosen."""
-    if isinstance(k, int) and not isinstance(k, bool):
+    if is_int(k):
         return k, "fixed"
     counts = {int(kk): n for kk, n in (steps_by_k or {}).items() if int(kk) > 0 and n > 0}
     if counts:
@@ -214,8 +214,8 @@ def _ngram(engine: str, n: int, config: Mapping[str, Any], notes: list[str]) -> 
 def _suffix(engine: str, model: str, k: Any, k_max: int, notes: list[str]) -> Emission:
     """Suffix decoding with tune's suffix options (the defaults: tune measures suffix with them)."""
     s = SuffixOptions()
-    n = k if isinstance(k, int) else k_max
-    if not isinstance(k, int):
+    n = k if is_int(k) else k_max
+    if not is_int(k):
         notes.append(
             f"spekula's k=auto adapts the draft length per step up to k_max={k_max}; this engine's count is the same "
             "kind of ceiling for suffix decoding"

@@ -28,6 +28,44 @@ PACKAGES = (
     "matplotlib",
     "psutil",
 )
+# The checkout spekula runs from (src/spekula/bench/manifest.py), where it runs from one: paths under it are
+# written relative to it.
+CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+def portable(value: Any) -> Any:
+    """value with every path of this machine written so that it names no machine (portable_path), through
+    lists, tuples and dicts; anything else as it is. What a result file records goes through it."""
+    if isinstance(value, str):
+        return portable_path(value)
+    if isinstance(value, Path):
+        return portable_path(str(value))
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    return value
+
+
+def portable_path(text: str) -> str:
+    """An absolute path under the checkout relative to it (`.venv/bin/python`), under the model cache from
+    `$SPEKULA_CACHE/`, under the home folder from `~/`; a `--flag=PATH` keeps its flag. Any other text, and a
+    path elsewhere (`/tmp/...`), as it is."""
+    if not os.path.isabs(text):
+        flag, equals, rest = text.partition("=")
+        return f"{flag}={portable_path(rest)}" if equals and os.path.isabs(rest) else text
+    from spekula.models.cache import cache_dir
+
+    path = Path(text)
+    checkout = CHECKOUT if (CHECKOUT / "pyproject.toml").is_file() else None
+    for base, name in ((checkout, ""), (cache_dir(), "$SPEKULA_CACHE"), (Path.home(), "~")):
+        if base is None or not path.is_relative_to(base):
+            continue
+        inside = path.relative_to(base)
+        if not name:
+            return str(inside)  # "." for the checkout itself
+        return name if inside == Path(".") else f"{name}/{inside}"
+    return text
 
 
 def model_identity(name: str, role: str) -> dict[str, Any]:
@@ -140,7 +178,7 @@ def packages() -> dict[str, str | None]:
 
 def git_commit() -> dict[str, Any]:
     """The commit of the checkout spekula runs from (read-only git commands); None when not a checkout."""
-    root = Path(__file__).resolve().parents[3]
+    root = CHECKOUT
     try:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
@@ -161,14 +199,15 @@ def git_commit() -> dict[str, Any]:
 def manifest(
     *, models: list[dict[str, Any]], config: dict[str, Any], seeds: dict[str, Any], memory: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """memory: the proposer memory the figures are for (results.result_dict's), where the run says."""
+    """memory: the proposer memory the figures are for (results.result_dict's), where the run says. Paths of
+    this machine (the command's, the models', the llama.cpp library's) are written portably (portable)."""
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "models": models,
+        "command": portable(sys.argv),
+        "models": portable(models),
         "packages": packages(),
-        "machine": machine(),
-        "config": config,
+        "machine": portable(machine()),
+        "config": portable(config),
         "seeds": seeds,
         "proposer_memory": memory,
         "git": git_commit(),

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from spekula.config import is_int
 from spekula.trace import RequestStats
 
 PERCENTILES = (50, 90, 99)
@@ -121,7 +122,7 @@ def merge_stats(stats: Iterable[RequestStats]) -> RequestStats:
             elif isinstance(mine, dict):
                 for k, n in theirs.items():
                     mine[k] = mine.get(k, 0) + n
-            elif f.default == 0 and isinstance(mine, (int, float)) and not isinstance(mine, bool):
+            elif f.default == 0 and (is_int(mine) or isinstance(mine, float)):
                 setattr(total, f.name, mine + theirs)
     return total
 

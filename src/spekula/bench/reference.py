@@ -149,12 +149,12 @@ def shared_weights(model: Any) -> Iterator[None]:
     """While open, a llama_cpp.Llama made for the GGUF gets `model` (already loaded, with the settings it would
     have used: repacked weights, not mapped) instead of loading the file again; None: nothing changes.
 
-    Both loops then read the same weights. Where a model's 1 GB of weights lands in memory moves its passes'
-    speed by several percent from one process to the next: in scripts/experiments/context_cost.py, one process
-    of eleven ran one model's passes 6% slower than the other's, while two of spekula's contexts on one model
-    agreed. With one copy that luck is the same for every contender (a context can still land unluckily: the
-    script's record has one such process). The Llama's own context, batch, sampler and loop are unchanged,
-    and the model stays the backend's: closing the Llama leaves it loaded."""
+    Both loops then read the same weights. Where a model's weights land in memory can move its passes' speed
+    from one process to the next, so with two copies one contender could be luckier than the other for a whole
+    run (scripts/experiments/context_cost.py measures it; docs/BENCH.md). With one copy that luck is the same
+    for every contender (a context can still land unluckily: the script's record has one such process). The
+    Llama's own context, batch, sampler and loop are unchanged, and the model stays the backend's: closing the
+    Llama leaves it loaded."""
     if model is None:
         yield
         return

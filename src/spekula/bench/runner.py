@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.reference import LLAMA_CPP_PYTHON, LOOPS, SPEKULA_LOOP, ReferenceContender
-from spekula.bench.workloads import COLD, WorkItem
+from spekula.bench.workloads import COLD, WorkItem, check_repeats
 from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, SpekulaError
@@ -431,9 +431,8 @@ class PeakRss:
     On Linux the kernel keeps the peak itself (VmHWM in /proc/self/status; writing 5 to
     /proc/self/clear_refs resets it, Linux >= 4.0): exact, and nothing runs while a request is measured.
     Elsewhere a background thread samples the resident size (psutil) every `interval` seconds. That
-    thread is not free where the target's threads fill every core: on 2 cores, with a sampler waking
-    every 10 ms, llama.cpp's one-token passes were 2.6% to 4.9% slower in three processes of four
-    (scripts/experiments/rss_sampler.py), for every contender alike."""
+    thread is not free where the target's threads fill every core: it slows llama.cpp's passes, for every
+    contender alike (scripts/experiments/rss_sampler.py measures by how much)."""
 
     STATUS = Path("/proc/self/status")
     CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -610,8 +609,7 @@ def check_run(
     warm_prefix: list[WorkItem] | None,
 ) -> str:
     """Refuse what cannot run before any model time is spent; returns the baseline's name."""
-    if repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    check_repeats(repeats)
     if warm_prefix is not None:
         check_warm_repeats(repeats)
     if baseline is None:
@@ -641,8 +639,8 @@ def warm_up(contenders: list[Contender | ReferenceContender], prompt_ids: list[i
     for c in contenders:
         c.start(first, SamplingParams(seed=0), StopConfig(max_tokens=4, ignore_eos=True), namespace=WARMUP).result()
     # Forgotten only once every contender has run: each holds its target cache (its prompt cache keeps the
-    # sequence) while the next warms up, so a runtime makes a cache per contender here (a llama.cpp context
-    # costs ~0.3 s to make) and the measured requests find them made.
+    # sequence) while the next warms up, so a runtime makes a cache per contender here (making a llama.cpp
+    # context is not free) and the measured requests find them made.
     for c in contenders:
         c.forget(WARMUP)  # its output is the first prompt's own continuation: no measured request drafts it
 

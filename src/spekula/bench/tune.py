@@ -10,7 +10,7 @@ Runtimes: by default only the run's own runtime is swept (`--backend`, else pipe
 llama.cpp for a GGUF target on a CPU). `--backends llamacpp,native` adds plain decoding and every
 configuration on each other runtime, measured interleaved against the same baseline. Not the default:
 on a CPU the native fp32 runtime's one-token pass costs several times llama.cpp's (docs/BENCHMARKS.md,
-pass costs), so no configuration on it can win there, and measuring it would multiply tune's time.
+"Packed fp32"), so no configuration on it can win there, and measuring it would multiply tune's time.
 The recommendation names its runtime and the config file records it (`backend`), so `generate` and
 `serve --config` run what was measured.
 """

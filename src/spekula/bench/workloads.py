@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from spekula.config import is_int
 from spekula.errors import ConfigError
 
 BUILTIN = "builtin"
@@ -189,7 +190,7 @@ def _parse_item(line: str, where: str, default_id: str, default_category: str) -
     if not isinstance(category, str) or not category.strip():
         raise WorkloadError(f'{where}: "category" must be a non-empty string, got {category!r}')
     max_tokens = obj.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         raise WorkloadError(f'{where}: "max_tokens" must be an integer >= 1, got {max_tokens!r}')
     item_id = obj.get("id", default_id)
     if not isinstance(item_id, str) or not item_id:
@@ -415,10 +416,15 @@ def _resent(unit: list[WorkItem], resends: dict[str, int], line: str) -> list[Wo
     return out
 
 
+def check_repeats(repeats: int) -> None:
+    """--repeats' one check (in-process runs, endpoint runs, a warm sequence's phases)."""
+    if not is_int(repeats) or repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {repeats!r}")
+
+
 def split_sequence(items: list[WorkItem], parts: int) -> list[list[WorkItem]]:
     """`items` cut into `parts` consecutive runs of about equal length, never between two turns of one session."""
-    if parts < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {parts}")
+    check_repeats(parts)
     cuts = []
     for p in range(1, parts):
         at = round(p * len(items) / parts)

@@ -67,7 +67,7 @@ from spekula.prompt_cache import shared_prefix
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics, StepMeter
 from spekula.server.schemas import AUTO, Speculation
-from spekula.server.settings import ServerSettings
+from spekula.server.settings import ServerSettings, check_prefill
 from spekula.threads import on_passing_thread
 from spekula.trace import RequestStats
 
@@ -137,10 +137,7 @@ class Scheduler:
         """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts).
         prefill_share: the most of the worker's time that chunks leaving a prompt unfinished take while
         requests decode (Scheduler._prefill)."""
-        if prefill_chunk < 0:
-            raise ValueError(f"prefill_chunk must be >= 0 (0: whole prompts), got {prefill_chunk}")
-        if not 0 < prefill_share <= 1:
-            raise ValueError(f"prefill_share must be in (0, 1], got {prefill_share}")
+        check_prefill(prefill_chunk, prefill_share)
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from starlette.requests import Request
 
-from spekula.config import SamplingParams, StopConfig
+from spekula.config import SamplingParams, StopConfig, is_int, is_number
 from spekula.errors import ConfigError
 from spekula.proposers import MODEL_FREE, NONE
 from spekula.server.errors import APIError
@@ -300,7 +300,7 @@ def _prompt(value: Any) -> str | list[int]:
         value = value[0]  # a batch of one
     if isinstance(value, str):
         return _text(value, "prompt")
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if isinstance(value, list) and value and all(is_int(t) for t in value):
         return value
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
         raise APIError(
@@ -369,7 +369,7 @@ def _integer(body: dict, name: str, low: int, high: int | None, default: Any, hi
         return value
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise APIError(400, f"'{name}' must be an integer, got {_json_type(value)}", param=name)
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
@@ -381,10 +381,10 @@ def _number(
     body: dict, name: str, low: float, high: float, default: float, low_open: bool = False, high_open: bool = False
 ) -> float:
     value = body.get(name, default)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise APIError(400, f"'{name}' must be a number, got {_json_type(value)}", param=name)
     if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
         raise APIError(400, f"'{name}' must be a finite number, got {value}", param=name)
+    if not is_number(value):
+        raise APIError(400, f"'{name}' must be a number, got {_json_type(value)}", param=name)
     if value < low or value > high or (low_open and value == low) or (high_open and value == high):
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
         raise APIError(400, f"'{name}' must be in {interval}, got {value}", param=name)
@@ -465,7 +465,7 @@ def _spec_k(k: Any, draft: Any, offer: Speculation) -> int | Literal["auto"] | N
         return None
     if isinstance(k, float) and k.is_integer():
         k = int(k)
-    if k == 0 and isinstance(k, int) and not isinstance(k, bool):
+    if k == 0 and is_int(k):
         return 0
     if draft == NONE or offer.plain:
         why = "'spec.draft' is 'none'" if draft == NONE else "this server runs no proposer (--draft none)"
@@ -477,7 +477,7 @@ def _spec_k(k: Any, draft: Any, offer: Speculation) -> int | Literal["auto"] | N
             message = f"'spec.k' \"auto\" needs a server started with --k auto; this one drafts a fixed k={offer.k}"
             raise APIError(400, message + ": send an integer", param="spec.k")
         return AUTO
-    if not isinstance(k, int) or isinstance(k, bool):
+    if not is_int(k):
         raise APIError(400, f"'spec.k' must be an integer{auto}, got {_json_type(k)}", param="spec.k")
     if not 0 <= k <= offer.k_max:
         message = f"'spec.k' must be between 0 and {offer.k_max} (this server's k_max; 0 = plain decoding){auto}"

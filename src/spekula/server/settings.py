@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spekula.config import SamplingParams
+from spekula.config import SamplingParams, is_int, is_number
 from spekula.errors import ConfigError
 
 API_KEY_ENV = "SPEKULA_API_KEY"
@@ -37,15 +38,12 @@ class ServerSettings:
             "max_body_bytes",
             "max_tokens_limit",
             "default_max_tokens",
-            "prefill_chunk",
         ):
             value = getattr(self, name)
-            low = 0 if name in ("port", "max_queue", "prefill_chunk") else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            low = 0 if name in ("port", "max_queue") else 1
+            if not is_int(value) or value < low:
                 raise ConfigError(f"{_flag(name)} must be an integer >= {low}, got {value!r}")
-        share = self.prefill_share
-        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
-            raise ConfigError(f"{_flag('prefill_share')} must be a fraction in (0, 1], got {share!r}")
+        check_prefill(self.prefill_chunk, self.prefill_share, _flag)
         if self.port > 65535:
             raise ConfigError(f"--port must be at most 65535, got {self.port}")
         if self.default_max_tokens > self.max_tokens_limit:
@@ -56,7 +54,7 @@ class ServerSettings:
             )
         for name in ("request_timeout_s", "shutdown_timeout_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            if not is_number(value) or value <= 0:
                 raise ConfigError(f"{_flag(name)} must be a number of seconds > 0, got {value!r}")
         if self.sampling.temperature > 2:  # what a request may ask for (OpenAI's range); the default must fit too
             raise ConfigError(f"--temperature must be in [0, 2] for the server, got {self.sampling.temperature}")
@@ -66,3 +64,12 @@ class ServerSettings:
 
 def _flag(name: str) -> str:
     return "--" + name.removesuffix("_s").replace("_", "-")
+
+
+def check_prefill(chunk: object, share: object, name: Callable[[str], str] = str) -> None:
+    """The prefill options' one check, for ServerSettings (name: the flag, --prefill-chunk) and for a Scheduler
+    made without them (the parameter's own name)."""
+    if not is_int(chunk) or chunk < 0:
+        raise ConfigError(f"{name('prefill_chunk')} must be an integer >= 0 (0: whole prompts), got {chunk!r}")
+    if not is_number(share) or not 0 < share <= 1:
+        raise ConfigError(f"{name('prefill_share')} must be a fraction in (0, 1], got {share!r}")
