@@ -40,8 +40,6 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ngram_replay  # noqa: E402  (a sibling experiment: the replay target, requests, engine runs)
@@ -50,6 +48,7 @@ from spekula.config import K_MAX, SamplingParams, SpecConfig  # noqa: E402
 from spekula.control import FixedK  # noqa: E402
 from spekula.cost import CostModel  # noqa: E402
 from spekula.engine import Engine  # noqa: E402
+from spekula.noise import PositionalNoise  # noqa: E402
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory  # noqa: E402
 from spekula.proposers.suffix import SuffixConfig, SuffixFactory  # noqa: E402
 from spekula.verify import Verdict  # noqa: E402
@@ -186,7 +185,7 @@ class ServerRuleProposer(Proposer):
     def draft_class(self, context: list[int]) -> str:
         return SERVER_CLASS if self._rule(context) else NO_DRAFT
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionalNoise | None) -> Draft:
         tokens = self._rule(context)[:k]
         return Draft(tokens) if tokens else EMPTY_DRAFT
 

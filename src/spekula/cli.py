@@ -77,7 +77,7 @@ def register_generate(sub: Any) -> dict[str, argparse.ArgumentParser]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from spekula.divergence import TopLog, find_divergence
+    from spekula.divergence import NEAR_TIE_GAP, NEAR_TIES, TopLog, find_divergence, guarantee, near_ties
     from spekula.pipeline import Pipeline
     from spekula.trace import JsonlTrace
 
@@ -85,23 +85,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stop = StopConfig(max_tokens=args.max_tokens, stop=tuple(args.stop))
     spec = spec_from_args(args)
     backend = backend_from_args(args)
-    if sampling.seed is not None and not sampling.greedy and spec.k is None and args.draft != "none":
-        _log(
-            "note: with --k auto the chosen k follows measured timings, so a seeded sampled run can differ between "
-            "runs (its distribution does not); pass --k N for exact repeats"
-        )
     prompt = sys.stdin.read() if args.prompt == "-" else (args.prompt or DEFAULT_PROMPT)
     chat = args.chat or args.prompt is None  # the built-in prompt is an instruction
     _log(f"loading target {args.target} ({backend.runtime}) and draft {args.draft} ...")
     pipe = Pipeline.load(args.target, args.draft, spec, backend, draft_backend_from_args(args))
     prompt_ids = pipe.codec.encode(prompt, chat=chat)
-    if pipe.engine.proposer is not None and not pipe.target.capabilities.block_invariant:
-        _log(
-            f"note: the {backend.runtime} target computes a block of tokens with other kernels than one token, so "
-            "greedy speculative output can differ from its plain decoding where its top two logits nearly tie "
-            "(--exact makes them agree bit for bit at a cost; with --backend native in fp32 the kernels differ only "
-            "in float rounding)"
-        )
+    promise = guarantee(pipe.target)
     if args.compare:
         pipe.warmup()
 
@@ -123,6 +112,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         **_sampling_dict(sampling),
     }
+    if pipe.engine.proposer is not None:
+        out["guarantee"] = promise.to_dict()
     if args.compare:
         plain_log = TopLog()  # both runs record, so both pay the same for it
         base = pipe.generate(prompt_ids, sampling, stop, plain=True, recorder=plain_log)
@@ -137,6 +128,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if sampling.greedy:  # sampled outputs may differ without anything wrong: no divergence to explain
             divergence = find_divergence(base.token_ids, result.token_ids, plain_log, spec_log, pipe.codec.decode)
             out["divergence"] = divergence.to_dict() if divergence is not None else None
+            if promise.kind == NEAR_TIES:  # where this run could have parted from plain decoding, listed
+                ties = near_ties(spec_log, len(result.token_ids))
+                out["near_ties"] = {"gap": NEAR_TIE_GAP, "positions": [{"position": p, "top2_gap": g} for p, g in ties]}
     if args.json:
         print(json.dumps(out))
     else:
@@ -169,6 +163,14 @@ def _summary(out: dict[str, Any]) -> str:
             f"speedup {_fmt(out['speedup'])}x, "
             f"outputs {'identical' if out['identical'] else 'DIFFERENT'}"
         )
+    if "guarantee" in out:
+        lines.append(f"guarantee: greedy output is {out['guarantee']['text']}")
+    if "near_ties" in out:
+        ties = out["near_ties"]["positions"]
+        where = ", ".join(f"{t['position']} (gap {t['top2_gap']:.3g})" for t in ties[:10]) + (
+            " ..." if len(ties) > 10 else ""
+        )
+        lines.append(f"near-ties in this run (top-2 logit gap < {out['near_ties']['gap']}): " + (where or "none"))
     if out.get("divergence"):
         lines.append(out["divergence"]["description"])
     return "\n".join(lines)

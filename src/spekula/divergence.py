@@ -24,6 +24,14 @@ The report also gives each run's top-2 logit gap there (best minus runner-up), t
 how close a call was. NEAR_TIE_GAP is in raw logits and sits above how far a block pass and a
 one-token pass of llama.cpp's kernels move the difference of two logits
 (tests/integration/test_divergence_real.py measures that on smollm2 and checks it stays below).
+
+`guarantee` says beforehand which of two promises a run on a given target has, read from the runtime:
+BIT_IDENTICAL where a block's logits equal one-token passes bit for bit (llama.cpp in exact mode, which
+scores a block in pieces no wider than the width it checked at load), else NEAR_TIES: identical except
+where the target's top two logits nearly tie and a pass over several tokens rounds them otherwise than
+a one-token pass (llama.cpp's block kernels; the PyTorch runtimes' matrix kernels, which add the same
+products in another order). `spekula generate --compare`, the server's `spec` object and the README
+state it; `near_ties` lists a run's positions where that could happen.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from spekula.trace import Recorder, StepRecord
 NEAR_TIE_GAP = 1.0  # raw logits: a flip whose two logits moved less than this counts as rounding (see above)
 TOP_K = 8  # tokens recorded per position
 NEAR_TIE, DIVERGENCE, UNKNOWN = "near-tie", "divergence", "unknown"
+BIT_IDENTICAL, NEAR_TIES = "bit-identical", "identical-except-near-ties"  # Guarantee.kind
 LABELS = {NEAR_TIE: "near-tie (kernel rounding)", DIVERGENCE: "DIVERGENCE (bug?)", UNKNOWN: "not classified"}
 
 Ranked = list[tuple[int, float]]  # one position: (token id, how far its logit trails the best's), best first
@@ -148,6 +157,57 @@ class Divergence:
             f"plain {self.plain_text!r}{_id(self.plain_token)}, speculative {self.spec_text!r}{_id(self.spec_token)}; "
             f"{evidence} -> {self.label}"
         )
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """What greedy output on a target promises against plain decoding of the same target on the same runtime."""
+
+    kind: str  # BIT_IDENTICAL or NEAR_TIES
+    text: str  # the promise and why, in a sentence
+    width: int | None = None  # BIT_IDENTICAL: the widest block scored in one pass (Backend.single_pass_width)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def guarantee(target: Any, shared: bool = False) -> Guarantee:
+    """The promise a run on `target` has (see the module's docstring), from its capabilities alone.
+    shared: its passes may also carry other requests (a batching server) or start from a kept prompt cache,
+    which change how a token's row is computed just as a verified block does."""
+    width = target.single_pass_width()
+    if target.capabilities.block_invariant and width is not None:
+        return Guarantee(
+            BIT_IDENTICAL,
+            "bit-identical to plain decoding on this runtime: exact mode scores a block in passes of at most "
+            f"{width} tokens, whose logits equal one-token passes bit for bit (the width checked at load), and gives "
+            "each request its own context",
+            width,
+        )
+    passes = "a verified block, a batch of requests or a kept prompt's cache" if shared else "a verified block"
+    if not target.capabilities.block_invariant:
+        why = (
+            f"a pass over several tokens ({passes}) runs other kernels than a one-token pass, so its logits differ "
+            "in the last bits; --exact makes them bit-identical"
+        )
+    else:
+        why = (
+            f"a pass over several tokens ({passes}) adds the same products as a one-token pass in another order "
+            "(other matrix kernels), so its logits differ by float rounding"
+        )
+    return Guarantee(
+        NEAR_TIES,
+        f"identical to plain decoding except where the target's top two logits nearly tie: {why}, and there the two "
+        "runs can choose differently",
+    )
+
+
+def near_ties(log: TopLog, end: int | None = None, gap: float = NEAR_TIE_GAP) -> list[tuple[int, float]]:
+    """(output position, top-2 logit gap) wherever a run's target had its top two within `gap` (raw logits)
+    before position `end` (None: every recorded position): where a NEAR_TIES run could part from plain decoding."""
+    rows = log.rows if end is None else log.rows[:end]
+    gaps = ((i, top2_gap(row)) for i, row in enumerate(rows))
+    return [(i, g) for i, g in gaps if g is not None and g < gap]
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:

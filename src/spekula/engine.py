@@ -29,12 +29,13 @@ from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
 from spekula.cost import CostModel, match_length
 from spekula.divergence import ranked
 from spekula.limits import check_prompt
+from spekula.noise import request_noise
 from spekula.prompt_cache import PromptCache
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
 from spekula.shadow import SHADOW_MIN_MATCH, ShadowDraft
 from spekula.trace import DraftedToken, Recorder, RequestStats, StepRecord
-from spekula.verify import Verdict, verify_greedy, verify_sampled
+from spekula.verify import Verdict, verify_greedy, verify_positional
 
 
 class Engine:
@@ -67,13 +68,13 @@ class Engine:
 
     def remeasure_if_stale(self, interrupted: Callable[[], bool] | None = None) -> bool:
         """Measure the pass costs again where the table is stale (CostModel.stale: the one-token pass drifted
-        from its calibrated time). Only between requests, never inside one: it takes seconds (3.3 to 3.7 s
-        on llama.cpp, scripts/experiments/recalibration_cost.py), a request that waited for it would pay them,
-        and a batching server's running requests would all stall. A server calls it when idle, and
+        from its calibrated time). Only between requests, never inside one: it takes seconds
+        (scripts/experiments/recalibration_cost.py measures it on llama.cpp), a request that waited for it would
+        pay them, and a batching server's running requests would all stall. A server calls it when idle, and
         interrupted (asked before each pass) lets a request that arrives stop it, the table unchanged;
         until then every width follows the one-token pass's drift (CostModel). The widths one request
         drafts are measured: a batching server's wide widths keep their start-up times, scaled by the
-        drift (measuring them again takes tens of seconds). Returns whether it measured."""
+        drift (measuring them again would take many times as long). Returns whether it measured."""
         if self.proposer is None or self.spec.k is not None or not self.costs.stale():
             return False
         return self._measure(1, interrupted)
@@ -138,11 +139,9 @@ class Generation:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats = RequestStats(prompt_tokens=len(prompt_ids))
-        self.generator = torch.Generator()
-        if sampling.seed is None:
-            self.generator.seed()  # nondeterministic, without touching torch's global RNG
-        else:
-            self.generator.manual_seed(sampling.seed)
+        # One uniform number per output position, from the seed (or a random one): a seeded request's text does not
+        # depend on k, batching or the proposer (spekula.noise, spekula.verify).
+        self.noise = request_noise(sampling.seed)
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
         self.target_sequence = None  # opened by the first prefill chunk (the first plan() prefills in one)
         self.proposer: Proposer | None = None
@@ -277,7 +276,7 @@ class Generation:
         t2 = time.perf_counter()
         draft_s = step.drafted_at - step.started_at
         score_s = t2 - step.drafted_at if score_s is None else score_s
-        verdict, p = self._accept(draft, logits)
+        verdict, p = self._accept(draft, logits, step.position)
         t3 = time.perf_counter()
         emitted = self._advance(self.target_sequence, self.proposer, self._committed, draft, verdict)
         t4 = time.perf_counter()
@@ -422,7 +421,8 @@ class Generation:
     def _draft(self, proposer: Proposer | None, committed: list[int], k: int) -> Draft:
         if proposer is None or k <= 0:
             return EMPTY_DRAFT
-        draft = proposer.propose(committed, k, self.sampling, self.generator)
+        # the noise seen from the first drafted position: a draft model couples its draws to the target's through it
+        draft = proposer.propose(committed, k, self.sampling, self.noise.at(len(committed) - len(self.prompt_ids)))
         if len(draft) > k:  # a proposer that over-delivers would break the budget checks above
             draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
         return draft
@@ -451,13 +451,14 @@ class Generation:
         self.controller.observe_shadow(len(shadow.tokens), shadow.accepted, shadow.draft_class)
         return shadow
 
-    def _accept(self, draft: Draft, logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
-        """Accept + resample: returns the verdict and p (None when greedy and nobody needs it)."""
+    def _accept(self, draft: Draft, logits: torch.Tensor, position: int) -> tuple[Verdict, torch.Tensor | None]:
+        """Accept + resample: returns the verdict and p (None when greedy and nobody needs it). position: of the
+        first token the step emits in committed (prompt + output)."""
         if self.sampling.greedy:  # no tensor made: see verify_greedy
             p = probabilities(logits, self.sampling) if self.recorder is not None else None
             return verify_greedy(draft.tokens, logits), p
         p = probabilities(logits, self.sampling)  # [k' + 1, V]
-        return verify_sampled(torch.tensor(draft.tokens, dtype=torch.long), draft.probs, p, self.generator), p
+        return verify_positional(draft.tokens, p, self.noise.at(position - len(self.prompt_ids))), p
 
     def _advance(
         self, target, proposer: Proposer | None, committed: list[int], draft: Draft, verdict: Verdict
@@ -548,9 +549,10 @@ def _step_record(
         if sampling.greedy:
             why = f"target argmax is {int(torch.argmax(logits[n]))}, not {token}"
         else:
-            q = drafted[n].q if drafted[n].q is not None else 1.0
-            ratio = min(1.0, drafted[n].p / q) if q > 0 else 1.0
-            why = f"rejected by the coin: accept probability min(1, p/q) = {ratio:.4f}"
+            why = (
+                f"the target's draw at this position (its seeded uniform through p's CDF) is {verdict.next_token}, "
+                f"not {token}: p({token}) = {drafted[n].p:.4f}"
+            )
         rejection = {
             "position": n,
             "token": token,

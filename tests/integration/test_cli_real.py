@@ -89,27 +89,14 @@ def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_a_llama_cpp_target_says_its_blocks_are_not_bit_exact(capsys):
-    assert (
-        main(
-            [
-                "generate",
-                "def f():",
-                "--target",
-                "smollm2-135m",
-                "--backend",
-                "llamacpp",
-                "--draft",
-                "ngram",
-                "--k",
-                "2",
-                "--max-tokens",
-                "4",
-            ]
-        )
-        == 0
-    )
-    assert "nearly tie" in capsys.readouterr().err
+@pytest.mark.parametrize("exact, kind", [([], "identical-except-near-ties"), (["--exact"], "bit-identical")])
+def test_a_llama_cpp_target_says_which_guarantee_its_output_has(capsys, exact, kind):
+    argv = ["generate", "def f():", "--target", "smollm2-135m", "--backend", "llamacpp", "--draft", "ngram", "--k", "2"]
+    assert main([*argv, "--max-tokens", "4", *exact]) == 0
+    text = capsys.readouterr().out
+    assert ("nearly tie" in text) == (not exact) and ("bit for bit" in text) == bool(exact)
+    assert main([*argv, "--max-tokens", "4", *exact, "--json"]) == 0
+    assert last_json(capsys)["guarantee"]["kind"] == kind
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is installed by make setup")

@@ -6,11 +6,14 @@ that request; the response's `spec` says what the request ran. Greedy text is th
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from serverkit import MODEL, fake_pipeline, serving
 
 from spekula.cost import CostModel
+from spekula.divergence import NEAR_TIES, guarantee
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
 
@@ -78,6 +81,14 @@ def test_a_streamed_plain_request_says_what_it_ran(fixed):
     r = httpx.post(fixed.url + "/v1/completions", json=body, timeout=WAIT)
     last = [line for line in r.text.splitlines() if line.startswith("data: {")][-1]
     assert '"proposer":"none"' in last and '"drafted":0' in last and '"k":0' in last
+    assert json.loads(last[len("data: ") :])["spec"]["guarantee"] == guarantee(fixed.pipe.target, shared=True).to_dict()
+
+
+def test_every_answer_says_which_guarantee_it_had(fixed):
+    """The fake target is block-invariant up to float rounding (a PyTorch-like runtime): near-ties, and why."""
+    promise = ask(fixed.url, "/v1/chat/completions")["spec"]["guarantee"]
+    assert promise["kind"] == NEAR_TIES and "a batch of requests or a kept prompt's cache" in promise["text"]
+    assert promise == ask(fixed.url, "/v1/completions", {"draft": "none"})["spec"]["guarantee"]
 
 
 def test_k_auto_and_a_fixed_k_on_a_server_that_chooses_k():

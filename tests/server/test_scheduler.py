@@ -118,6 +118,30 @@ def test_a_lone_request_runs_the_same_steps_as_in_a_batch(kind, monkeypatch):
         assert registry.get_sample_value("spekula_batch_size_sum") == scheduler.rounds
 
 
+def test_a_seeded_request_gives_the_same_text_alone_batched_and_plain():
+    """A seed fixes the sample (spekula.noise): through the batching native runner, the same seeded request gives
+    plain decoding's text alone at k=3, beside other requests, under --k auto's batch rule, and with its own
+    `spec` plain in a batch."""
+    seeded = Request("seeded: ", 32, SamplingParams(temperature=1.0, seed=9), ignore_eos=True)
+    plain_spec = Request(seeded.prompt, 32, seeded.sampling, ignore_eos=True, spec=Speculation("none", 0, 32))
+    neighbours = [Request("a greedy neighbour", 32), Request("a sampled one", 32, SamplingParams(temperature=1.0))]
+    fixed = native_pipeline(k=3, draft="other")
+    plain = fixed.generate(fixed.codec.encode(seeded.prompt), seeded.sampling, seeded.stop_config, plain=True)
+
+    (alone,) = run(fixed, [seeded])
+    batched = run(fixed, [neighbours[0], seeded, neighbours[1]])[1]
+    plain_batched = run(fixed, [plain_spec, *neighbours])[0]
+    auto = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(auto, ServerMetrics(), max_running=8, max_queue=16)  # calibrates; then costs that pay
+    auto.engine.costs = CostModel(target_s={n: 0.002 for n in range(1, 150)}, draft_s_per_token=0.0002, frozen=True)
+    auto_batched = run(auto, [seeded, *neighbours], scheduler)[0]
+
+    for outcome in (alone, batched, plain_batched, auto_batched):
+        assert outcome.text == plain.text and outcome.finished.stats.output_tokens == 32
+    assert alone.finished.stats.drafted > 0 and auto_batched.finished.stats.accepted > 0  # verified drafts
+    assert plain_batched.finished.stats.drafted == 0
+
+
 @pytest.mark.parametrize("kind", PIPELINES)
 def test_a_request_is_finished_in_the_round_it_finishes(kind):
     """Its last text and its end go out in the round of its last step, before the next round: the

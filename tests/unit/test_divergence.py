@@ -23,14 +23,18 @@ from spekula.bench.workloads import WorkItem
 from spekula.cli import main
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.divergence import (
+    BIT_IDENTICAL,
     DIVERGENCE,
     NEAR_TIE,
     NEAR_TIE_GAP,
+    NEAR_TIES,
     UNKNOWN,
     TopLog,
     classify,
     find_divergence,
     first_difference,
+    guarantee,
+    near_ties,
     ranked,
     replay_plain,
     top2_gap,
@@ -240,7 +244,43 @@ def test_generate_compare_reports_the_divergence(monkeypatch, capsys):
     d = out["divergence"]
     assert (d["position"], d["plain_text"], d["spec_text"], d["verdict"]) == (2, "f", "X", NEAR_TIE)
     assert d["plain_gap"] == pytest.approx(0.01, abs=1e-5) and d["spec_gap"] == pytest.approx(0.01, abs=1e-5)
+    # the run says which promise it had (the runtime is not block-invariant) and lists where it could part
+    assert out["guarantee"]["kind"] == NEAR_TIES and "--exact" in out["guarantee"]["text"]
+    ties = out["near_ties"]
+    assert ties["gap"] == NEAR_TIE_GAP and [t["position"] for t in ties["positions"]] == [2]
+    assert ties["positions"][0]["top2_gap"] == pytest.approx(d["spec_gap"])
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "outputs DIFFERENT" in captured.out and "near-tie (kernel rounding)" in captured.out
-    assert "block of tokens with other kernels" in captured.err  # the runtime is not block-invariant: said upfront
+    assert "guarantee: greedy output is identical to plain decoding except where" in captured.out
+    assert "near-ties in this run (top-2 logit gap < 1.0): 2 (gap 0.01)" in captured.out
+
+
+class ExactBackend(FunctionBackend):
+    """A runtime in exact mode: blocks of at most 3 tokens per pass, bit-identical to one-token passes."""
+
+    def single_pass_width(self):
+        return 3
+
+
+@pytest.mark.parametrize(
+    "target, shared, kind, words",
+    [
+        (ExactBackend(alphabet(1.0), VOCAB, eos=EOS), False, BIT_IDENTICAL, "at most 3 tokens"),
+        (BlockBackend(0.01, 0.02), False, NEAR_TIES, "--exact makes them bit-identical"),
+        (BlockBackend(0.01, 0.02), True, NEAR_TIES, "a batch of requests or a kept prompt's cache"),
+        (FunctionBackend(alphabet(1.0), VOCAB, eos=EOS), False, NEAR_TIES, "float rounding"),
+    ],
+)
+def test_the_guarantee_follows_the_runtime(target, shared, kind, words):
+    promise = guarantee(target, shared=shared)
+    assert promise.kind == kind and words in promise.text
+    assert promise.width == (3 if kind == BIT_IDENTICAL else None)
+    assert json.dumps(promise.to_dict())
+
+
+def test_near_ties_lists_positions_below_the_gap():
+    _, _, _, _, spec_log = runs(BlockBackend(tie_gap=0.01, block_shift=0.02), tie_gap=0.01)
+    assert [p for p, _ in near_ties(spec_log, end=8)] == [2]
+    assert near_ties(spec_log, end=2) == [] and near_ties(spec_log, gap=0.001) == []
+    assert all(g < NEAR_TIE_GAP for _, g in near_ties(spec_log)) and len(near_ties(spec_log)) < len(spec_log.rows)

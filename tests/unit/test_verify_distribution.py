@@ -3,7 +3,9 @@
 Harness: target p_t and draft q_t depend only on the output position t, so the token emitted at
 position t must be distributed as p_t whatever happened before. We run the speculative loop many
 times (draft tokens drawn from q, the verifier deciding) and compare the empirical frequencies at
-each position with p_t by Pearson's chi-square test.
+each position with p_t by Pearson's chi-square test. Both verifiers: standard rejection sampling
+(verify_sampled, the reference) and the engine's seeded positional rule (verify_positional, one seed per
+trial), whose output must also equal plain positional decoding token for token.
 
 False-failure rate: each test function makes at most 4 positions x 1 chi-square tests at level
 ALPHA / 4 (Bonferroni), so a correct verifier fails a given test with probability <= ALPHA = 1e-4.
@@ -17,13 +19,14 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import binomtest, chisquare
 
 from spekula.config import SamplingParams
+from spekula.noise import PositionalNoise, draw
 from spekula.proposers import DraftModelProposer
 from spekula.sampling import probabilities, sample
 from spekula.testing import FunctionBackend
-from spekula.verify import Verdict, _accepted_prefix, verify_sampled
+from spekula.verify import Verdict, _accepted_prefix, verify_positional, verify_sampled
 
 ALPHA = 1e-4
 V, K, T, TRIALS = 6, 3, 4, 6000
@@ -141,17 +144,17 @@ def simulate_draft_model(
     logits = q.log()
     model = FunctionBackend(lambda prefix: logits[len(prefix) - len(prompt)], V)
     sampling = SamplingParams(temperature=1.0)
-    g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(T, V, dtype=torch.long)
     lengths: Counter = Counter()
-    for _ in range(trials):
+    for trial in range(trials):
         proposer = DraftModelProposer(model, confidence)
+        noise = PositionalNoise.from_seed(seed * trials + trial)
         out: list[int] = []
         while len(out) < T:
             t = len(out)
-            draft = proposer.propose(prompt + out, K, sampling, g)
+            draft = proposer.propose(prompt + out, K, sampling, noise.at(t))
             lengths[len(draft)] += 1
-            verdict = verify_sampled(torch.tensor(draft.tokens), draft.probs, p[t : t + len(draft) + 1], g)
+            verdict = verify_positional(draft.tokens, p[t : t + len(draft) + 1], noise.at(t))
             out.extend(verdict.emitted(draft.tokens))
             proposer.observe(prompt + out, verdict)
         for i, tok in enumerate(out[:T]):
@@ -164,6 +167,75 @@ def test_a_draft_that_stops_at_its_first_unsure_token_keeps_p():
     counts, lengths = simulate_draft_model(p, q, confidence=0.25, seed=6)
     assert lengths[1] > 0 and lengths[K] > 0  # drafts did stop early, and some ran to K
     assert_target_distribution(counts, p)
+
+
+# ---- the seeded positional rule (the engine's): p's distribution, and plain decoding's output ---------------
+
+
+def simulate_positional(
+    p: torch.Tensor, q: torch.Tensor | None, *, seed: int, trials: int = TRIALS, draft_rule=None, verify=None
+) -> torch.Tensor:
+    """As simulate, with trial i's randomness from seed (seed * trials + i) through spekula.noise: a draft
+    model's token i is draw(q_i, u_i), coupled to the target's draw; a deterministic proposer drafts
+    draft_rule(position). Every trial's output must be plain positional decoding's, draw(p_t, u_t)."""
+    verify = verify or verify_positional
+    counts = torch.zeros(T, V, dtype=torch.long)
+    for trial in range(trials):
+        noise = PositionalNoise.from_seed(seed * trials + trial)
+        out: list[int] = []
+        while len(out) < T:
+            t = len(out)
+            if q is not None:
+                draft = [draw(q[t + i], noise.uniform(t + i)) for i in range(K)]
+            else:
+                draft = [draft_rule(t + i) for i in range(K)]
+            out.extend(verify(draft, p[t : t + K + 1], noise.at(t)).emitted(draft))
+        if verify is verify_positional:
+            assert out[:T] == [draw(p[t], noise.uniform(t)) for t in range(T)]
+        for i, tok in enumerate(out[:T]):
+            counts[i, tok] += 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["random p and q", "q equals p", "q zero where p is not", "p zero where q is not", "one-hot drafts"],
+)
+def test_positional_rule_keeps_p(case):
+    p, q = random_dist(T + K, 21), random_dist(T + K, 22)
+    draft_rule = None
+    if case == "q equals p":
+        q = p.clone()
+    elif case == "q zero where p is not":
+        q[:, :3] = 0.0
+        q = q / q.sum(-1, keepdim=True)
+    elif case == "p zero where q is not":
+        p[:, 4:] = 0.0
+        p = p / p.sum(-1, keepdim=True)
+    elif case == "one-hot drafts":
+        q, draft_rule = None, lambda pos: pos % V
+    assert_target_distribution(simulate_positional(p, q, seed=7, draft_rule=draft_rule), p)
+
+
+def test_positional_rule_accepts_a_one_hot_draft_with_probability_p():
+    """A point-mass draft x is accepted iff the target's draw is x: with probability p(x), as rejection
+    sampling's min(1, p(x) / 1). Exact binomial test at level ALPHA."""
+    p = random_dist(K + 1, 23)
+    x = int(torch.argsort(p[0])[V // 2])  # a token of middling probability
+    accepted = sum(verify_positional([x], p[:2], PositionalNoise.from_seed(s)).num_accepted for s in range(TRIALS))
+    assert binomtest(accepted, TRIALS, float(p[0, x])).pvalue > ALPHA
+
+
+def test_positional_accept_everything_is_detected():
+    """Power for the positional rule: a verifier that keeps every coupled draft emits q, not p."""
+
+    def accept_all(draft, p, noise):
+        k = len(draft)
+        return Verdict(k, draw(p[k], noise.uniform(k)), k)
+
+    p, q = random_dist(T + K, 1), random_dist(T + K, 2)
+    p_values = pvalues(simulate_positional(p, q, seed=8, trials=4000, verify=accept_all), p)
+    assert min(p_values) < ALPHA / T, f"the harness missed accept-everything: p-values {p_values}"
 
 
 # ---- the harness has power: planted bugs are caught -----------------------------------------

@@ -246,7 +246,7 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
         metavar="RUNTIMES",
         help="comma-separated runtimes to sweep, e.g. llamacpp,native: plain decoding and every configuration on "
         "each, against plain decoding on the run's runtime (--backend). Default: the run's runtime only (on a CPU "
-        "the native fp32 runtime is several times slower per pass than llama.cpp: docs/BENCHMARKS.md)",
+        "the native fp32 runtime is several times slower per pass than llama.cpp: docs/BENCHMARKS.md, Packed fp32)",
     )
     p.add_argument(
         "--emit",
@@ -273,9 +273,12 @@ def register_audit(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "audit",
         help="check that speculative decoding is lossless on your models and prompts",
-        description="Greedy equality of every speculative configuration with plain decoding over the workload, and "
-        "chi-square tests of the sampled distribution against the target's exact probabilities. "
-        "Exit status 0 = pass, 1 = fail.",
+        description="Greedy equality of every speculative configuration with plain decoding over the workload (each "
+        "difference with the target's top-2 logit gap there), and chi-square tests of the sampled distribution "
+        "against the target's exact probabilities. Each test counts the samples whose token went through a "
+        "verified draft (accepted, or rejected and recovered): a configuration whose samples did so less than "
+        "--min-drafted of the time fails as VACUOUS, since it did not test the verifier; a k=auto configuration "
+        "is sampled at --dist-k. Exit status 0 = pass, 1 = fail.",
     )
     add_workload_options(p, per_category=2, max_tokens=32)
     add_spec_options(p)
@@ -293,6 +296,23 @@ def register_audit(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--level", type=float, default=0.01, help="false-failure rate of the whole distribution test (default 0.01)"
+    )
+    p.add_argument(
+        "--dist-k",
+        type=int,
+        default=None,
+        help="the fixed k a k=auto configuration drafts in the distribution test (capped at its k_max): k=auto "
+        "follows measured timings and may not draft at all, which would test nothing (default 4: "
+        "spekula.bench.audit.DIST_K)",
+    )
+    p.add_argument(
+        "--min-drafted",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="the distribution test of a configuration fails as VACUOUS when less than this share of its tested "
+        "samples went through a verified draft (accepted or rejected): a verifier's bug would then move its "
+        "counts too little to be seen (default 0.25: spekula.bench.audit.MIN_DRAFTED)",
     )
     add_output_options(p)
     add_endpoint_options(p)
@@ -349,6 +369,27 @@ def choices_from_args(args: argparse.Namespace) -> list:
             args.draft, args.k, args.ngram_max, args.ngram_min, args.draft_confidence, k_max=args.k_max
         )
     ]
+
+
+def default_config_name(args: argparse.Namespace, choices: list) -> str | None:
+    """The name of the configuration in `choices` that `spekula generate` runs without options on this target:
+    its runtime's default proposer, k=auto and its defaults, on the default runtime with BackendConfig's default
+    exact; None when no choice is it."""
+    from dataclasses import replace
+
+    from spekula.bench.runner import SpecChoice
+    from spekula.config import BackendConfig
+    from spekula.pipeline import default_draft, default_runtime
+
+    run = backend_from_args(args)
+    runtime = default_runtime(args.target)
+    default = SpecChoice(default_draft(runtime), None)
+    for c in choices:
+        on_default_runtime = (c.backend or run.runtime) == runtime and run.dtype == BackendConfig().dtype
+        exact = run.exact if c.exact is None else c.exact
+        if on_default_runtime and exact == BackendConfig().exact and replace(c, label=None, backend=None) == default:
+            return c.name
+    return None
 
 
 def load_contenders(args: argparse.Namespace, choices: list):
@@ -654,6 +695,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             level=args.level,
             seed=args.seed or 0,
             progress=not args.no_progress,
+            **{k: v for k, v in (("dist_k", args.dist_k), ("min_drafted", args.min_drafted)) if v is not None},
+            default_config=default_config_name(args, choices),
         )
         text = format_report(report, sampling)
     out.mkdir(parents=True, exist_ok=True)
@@ -676,6 +719,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 "distribution_passed": report.distribution_passed if report.distribution else None,
                 "min_pvalue": report.to_dict()["min_pvalue"],
                 "threshold": report.threshold,
+                "vacuous": report.vacuous,
+                "default_config": report.default_config,
+                "default_identical": report.to_dict()["default_identical"],
                 "results": str(path),
             }
         )

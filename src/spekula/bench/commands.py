@@ -14,9 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from spekula.bench import tune as tuning
-from spekula.bench.audit import AuditReport, audit_distribution, audit_greedy, compare_texts
+from spekula.bench.audit import (
+    DIST_K,
+    MIN_DRAFTED,
+    AuditReport,
+    audit_distribution,
+    audit_greedy,
+    compare_texts,
+)
 from spekula.bench.endpoint import Endpoint, Load, borrow_token_counts, run_endpoint
-from spekula.bench.manifest import manifest
+from spekula.bench.manifest import manifest, portable_path
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.results import result_dict, write_outputs
 from spekula.bench.runner import (
@@ -30,7 +37,7 @@ from spekula.bench.runner import (
     request_sampling,
     run_inprocess,
 )
-from spekula.bench.workloads import ServerSequence, WorkItem, split_sequence
+from spekula.bench.workloads import ServerSequence, WorkItem, check_repeats, split_sequence
 from spekula.config import SamplingParams, StopConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
@@ -196,8 +203,7 @@ def bench_endpoints(
     those (on top of whatever it learnt before this run: the server's memory is its own); `repeats` then cuts
     the reported part into that many consecutive phases, in the alternating order, so each prompt is sent to
     each endpoint once."""
-    if repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    check_repeats(repeats)
     _check_reported(items, warm)
     order = ([baseline] if baseline else []) + [endpoint]
     run_id = secrets.token_hex(4)
@@ -383,9 +389,9 @@ def tune(
         "reason": reason,
         "min_speedup": min_speedup,
         "config": tuned,
-        "config_path": str(config_path),
+        "config_path": portable_path(str(config_path)),
         "table": rows,
-        "bench_results": paths["results"],
+        "bench_results": portable_path(paths["results"]),
         "manifest": result["manifest"],
         "emit": {e.engine: e.to_dict() for e, _ in emitted},
     }
@@ -435,13 +441,20 @@ def audit(
     level: float = 0.01,
     seed: int = 0,
     progress: bool = True,
+    dist_k: int = DIST_K,
+    min_drafted: float = MIN_DRAFTED,
+    default_config: str | None = None,
 ) -> AuditReport:
-    """Greedy equality over `items`, then the distribution test on the `dist_prompts` shortest prompts."""
+    """Greedy equality over `items`, then the distribution test on the `dist_prompts` shortest prompts
+    (k=auto configurations drafting dist_k; vacuous below min_drafted: spekula.bench.audit).
+    default_config: the name of the configuration a user gets without options, if among the contenders."""
     with needs_extra("bench", "spekula audit"):
         from tqdm import tqdm
 
     if not 0 < level < 1:
         raise ConfigError(f"--level must be in (0, 1), got {level}")
+    if dist_k < 1 or not 0 <= min_drafted <= 1:
+        raise ConfigError(f"--dist-k must be >= 1 and --min-drafted in [0, 1], got {dist_k} and {min_drafted}")
     if samples < 1 or positions < 1 or dist_prompts < 0:
         raise ConfigError("--samples and --positions must be >= 1, --dist-prompts >= 0")
     if len(contenders) < 2:
@@ -466,11 +479,19 @@ def audit(
         def tick() -> None:
             bar.update(1)
 
-        report = AuditReport(level)
+        report = AuditReport(level, min_drafted=min_drafted, default_config=default_config)
         report.greedy = audit_greedy(contenders, items, ids, max_tokens, progress=tick, decode=codec.decode)
         if shortest:
             report.distribution = audit_distribution(
-                contenders, shortest, ids, sampling, samples=samples, positions=positions, seed=seed, progress=tick
+                contenders,
+                shortest,
+                ids,
+                sampling,
+                samples=samples,
+                positions=positions,
+                seed=seed,
+                dist_k=dist_k,
+                progress=tick,
             )
     return report
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from spekula.config import SamplingParams
+from spekula.noise import PositionalNoise
 from spekula.verify import Verdict
 
 
@@ -30,15 +31,21 @@ NO_DRAFT = "no draft"  # a draft class: the proposer has nothing to offer now (k
 
 
 class Proposer(ABC):
-    # Drafting costs nothing worth measuring and consumes no random numbers (a lookup in the context, not a
+    # Drafting costs nothing worth measuring and uses no random numbers (a lookup in the context, not a
     # model): at a plain step the engine may ask for the draft it would have made and score it against
     # the tokens the target emits next (spekula.shadow), so the controller learns classes it would not pay
     # to try.
     free_to_draft: bool = False
 
     @abstractmethod
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        """Up to k tokens that might follow `context` (every committed token: prompt + output)."""
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionalNoise | None) -> Draft:
+        """Up to k tokens that might follow `context` (every committed token: prompt + output).
+
+        noise: the request's uniform numbers seen from the first drafted position (noise.uniform(i) belongs to
+        the i-th drafted token), for a proposer that samples its draft: drawing token i with
+        spekula.noise.draw(q_i, noise.uniform(i)) couples it to the target's own draw there, which is what
+        verification accepts (spekula.verify.verify_positional). None when nothing may be sampled (a shadow
+        draft); lookup proposers ignore it."""
 
     def observe(self, context: list[int], verdict: Verdict) -> None:
         """Called after each step with the new committed context. Default: nothing to learn."""

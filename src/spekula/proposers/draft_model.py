@@ -14,9 +14,10 @@ import torch
 
 from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams
+from spekula.noise import PositionalNoise, draw
 from spekula.prompt_cache import shared_prefix
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
-from spekula.sampling import greedy_token, probabilities, sample
+from spekula.sampling import greedy_token, probabilities
 from spekula.verify import Verdict
 
 
@@ -27,8 +28,11 @@ class DraftModelProposer(Proposer):
     confidence: stop drafting after the first token the draft itself gives less than this
     probability (that token is still proposed; its verification costs one row of a pass, its
     drafting is already paid). Fewer than k tokens then go to the target. Lossless in both modes:
-    where a draft stops depends only on the draft's own probabilities, and each drafted token is
-    still accepted with min(1, p/q)."""
+    the verifier emits the target's own draw at every position whatever was drafted (spekula.verify).
+
+    A sampled draft token i is draw(q_i, u_i) with the request's uniform for its output position, the
+    one the target's draw there uses: the draft is accepted where the two draws agree (spekula.verify
+    says what that costs against rejection sampling's min(1, p/q))."""
 
     def __init__(self, backend: Backend, confidence: float | None = None) -> None:
         self.backend = backend
@@ -41,7 +45,9 @@ class DraftModelProposer(Proposer):
             self._sequence = self.backend.new_sequence()
         return self._sequence
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionalNoise | None) -> Draft:
+        if noise is None and not sampling.greedy:
+            raise ValueError("a sampled draft needs the request's noise (Proposer.propose), got None")
         if k <= 0:
             return EMPTY_DRAFT
         k = min(k, self.sequence.context_length - len(context))
@@ -54,7 +60,7 @@ class DraftModelProposer(Proposer):
         probs: list[torch.Tensor] = []
         for i in range(k):
             q = probabilities(logits, sampling)  # [V]
-            token = int(greedy_token(logits) if sampling.greedy else sample(q, generator))
+            token = int(greedy_token(logits)) if sampling.greedy else draw(q, noise.uniform(i))
             tokens.append(token)
             probs.append(q)
             if self.confidence is not None and float(q[token]) < self.confidence:

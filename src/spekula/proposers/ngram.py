@@ -5,18 +5,18 @@ in prompt + output; propose the tokens that followed the most recent match. No m
 verifier treats the draft as one-hot. Cheap enough to run every step, and strong wherever the
 output copies its input (code edits, extraction, quoting).
 
-The length of the matched suffix is the draft's class (draft_class, "4-gram" ... "1-gram"): on the
-built-in suite a draft after a 4-token match is accepted ~89% of the time, after a 1-token match
-~28%, and the controller learns each class's rate apart.
+The length of the matched suffix is the draft's class (draft_class, "4-gram" ... "1-gram"): a draft after
+a 4-token match is accepted far more often than one after a 1-token match (`scripts/experiments/ngram_replay.py
+RESULTS --by-class --draft ngram` measures it on a bench run's greedy outputs), and the controller learns
+each class's rate apart.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from spekula.config import SamplingParams
+from spekula.noise import PositionalNoise
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 
 
@@ -30,7 +30,7 @@ class NgramProposer(Proposer):
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
         self._indexed: list[int] = []  # the context the index covers (committed tokens only grow)
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionalNoise | None) -> Draft:
         if k <= 0:
             return EMPTY_DRAFT
         match = self._match(context)

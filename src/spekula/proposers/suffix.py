@@ -36,10 +36,9 @@ more) was copying, and moves it over each committed token; when the output leave
 cursor waits until two tokens in a row are found again within RESYNC_WINDOW tokens of where the edit
 began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
 followed, edits skipped, which the controller learns apart from suffix matches, and does not mark down for
-the rejections the edits cost: spekula.cost.draft_source). Over the built-in suite's greedy outputs
-(`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`, three runs' outputs) 81% to 95%
-of these drafts had their first token accepted, where short suffix matches (1 to 3 tokens) have 34% to
-60%. What an edit replaced (at most MAX_SUBSTITUTED source
+the rejections the edits cost: spekula.cost.draft_source). Their first token is accepted far more often
+than a short suffix match's (`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`
+measures both on a bench run's greedy outputs). What an edit replaced (at most MAX_SUBSTITUTED source
 tokens) is remembered for the request: drafts from the cursor apply it (a renamed variable is drafted
 renamed at its next occurrence), and the cursor stays in step where the output makes the edit again. While
 the cursor waits to realign, only a match of 2 x RESYNC_BELOW tokens or more moves it elsewhere (a short
@@ -48,9 +47,9 @@ one is mostly the output's own copy of an earlier edit). The cursor follows this
 Draft classes. A draft's class is its matched length, bucketed (match_class), and its kind: "suffix" when
 this request's own text holds the match, "resync" for the copy cursor's drafts, and "recall" when only
 earlier requests' outputs hold it. A recalled draft is often another request's boilerplate followed by that
-request's own data (a JSON template's keys, then its values): on the built-in suite's outputs its first
-token is accepted 61% to 73% of the time after an 8- to 15-token match, where this request's own text gets
-88% to 91%, and 9% to 13% after a 1-token match against 34% to 40% (`--by-class`, three runs' outputs).
+request's own data (a JSON template's keys, then its values), so its first token is accepted less often
+than that of a draft from this request's own text after a match of the same length (`--by-class` measures
+both), and the controller learns the kinds apart.
 
 Why not arctic-inference's own tree: its source distribution builds with torch >= 2.10, protobuf and
 grpcio-tools in its build requirements and imports torch in setup.py, so installing it pulls torch
@@ -67,11 +66,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 
-import torch
-
-from spekula.config import K_MAX, SamplingParams, SuffixOptions
+from spekula.config import K_MAX, SamplingParams, SuffixOptions, is_int, is_number
 from spekula.cost import AFTER_EDIT, RECALLED
 from spekula.errors import ConfigError
+from spekula.noise import PositionalNoise
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.verify import Verdict
 
@@ -113,15 +111,15 @@ class SuffixConfig:
         SuffixOptions(self.cache_entries, self.cache_bytes, self.max_depth, self.min_token_prob, self.spec_factor)
         for name in ("max_candidates", "max_draft"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"suffix {name} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.spec_offset, (int, float)) or not self.spec_offset >= 0:
+        if not is_number(self.spec_offset) or not self.spec_offset >= 0:
             raise ConfigError(f"suffix spec_offset must be >= 0, got {self.spec_offset!r}")
 
     @classmethod
-    def from_options(cls, options: SuffixOptions) -> "SuffixConfig":
-        """The user's knobs (SpecConfig.suffix), everything else at its default."""
-        return cls(**asdict(options))
+    def from_options(cls, options: SuffixOptions, max_draft: int = K_MAX) -> "SuffixConfig":
+        """The user's knobs (SpecConfig.suffix) and the longest draft the engine verifies, the rest at defaults."""
+        return cls(**asdict(options), max_draft=max_draft)
 
     def draft_limit(self, match_length: int) -> int:
         """Longest draft after a match of this many tokens (SuffixDecoding's match-length rule)."""
@@ -363,7 +361,7 @@ class SuffixProposer(Proposer):
 
     # -- the protocol ---------------------------------------------------------------------------
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionalNoise | None) -> Draft:
         if k <= 0:
             return EMPTY_DRAFT
         match = self.match(context)

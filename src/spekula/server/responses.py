@@ -24,6 +24,7 @@ class ResponseShape:
     model: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    guarantee: dict[str, Any] | None = None  # the server's promise against plain decoding (ServerState.guarantee)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -46,7 +47,12 @@ class ResponseShape:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head(self.object), "choices": [choice], "usage": usage(stats), "spec": spec(stats, ran)}
+        return {
+            **self._head(self.object),
+            "choices": [choice],
+            "usage": usage(stats),
+            "spec": spec(stats, ran, self.guarantee),
+        }
 
     def chunk(
         self, delta: str | None = None, finish_reason: str | None = None, *, role: bool = False
@@ -64,12 +70,12 @@ class ResponseShape:
         """The chunk that carries finish_reason; usage and spec ride along (harmless extra fields), unless
         stats is None: then they come once, on the usage chunk (stream_options.include_usage), as OpenAI's do."""
         chunk = self.chunk(finish_reason=finish_reason)
-        return chunk if stats is None else {**chunk, "usage": usage(stats), "spec": spec(stats, ran)}
+        return chunk if stats is None else {**chunk, "usage": usage(stats), "spec": spec(stats, ran, self.guarantee)}
 
     def usage_chunk(self, stats: RequestStats, ran: Speculation) -> dict[str, Any]:
         """stream_options.include_usage: OpenAI's last chunk, with no choices."""
         object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._head(object_), "choices": [], "usage": usage(stats), "spec": spec(stats, ran)}
+        return {**self._head(object_), "choices": [], "usage": usage(stats), "spec": spec(stats, ran, self.guarantee)}
 
 
 def usage(stats: RequestStats) -> dict[str, Any]:
@@ -82,8 +88,10 @@ def usage(stats: RequestStats) -> dict[str, Any]:
     }
 
 
-def spec(stats: RequestStats, ran: Speculation) -> dict[str, Any]:
-    """What the request ran (its proposer, "none" for plain decoding, and k: fixed or "auto") and how it went."""
+def spec(stats: RequestStats, ran: Speculation, guarantee: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the request ran (its proposer, "none" for plain decoding, and k: fixed or "auto"), how it went,
+    and `guarantee`: what a greedy answer promises against plain decoding of the target alone
+    (spekula.divergence.Guarantee: kind "bit-identical" or "identical-except-near-ties", and why)."""
     return {
         "proposer": ran.proposer,
         "k": ran.k,
@@ -97,6 +105,7 @@ def spec(stats: RequestStats, ran: Speculation) -> dict[str, Any]:
         "acceptance_by_position": stats.acceptance_by_position,
         "ttft_s": stats.ttft_s,
         "tokens_per_s": stats.tokens_per_s,
+        **({"guarantee": guarantee} if guarantee is not None else {}),
     }
 
 

@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from spekula.divergence import guarantee
 from spekula.errors import ConfigError
 from spekula.limits import ContextExceeded, EmptyPrompt, OutOfVocabulary, check_prompt
 from spekula.pipeline import Pipeline
@@ -29,6 +30,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     # Fast tokenizers must not be used for two encodes at once; decoding (in the worker) only reads.
     encode_lock: threading.Lock = field(default_factory=threading.Lock)
+    _guarantee: dict | None = field(default=None, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -43,6 +45,14 @@ class ServerState:
             return Speculation()
         k = engine.spec.k
         return Speculation(self.pipeline.draft_name, AUTO if k is None else k, max(engine.spec.k_max, k or 0))
+
+    @property
+    def guarantee(self) -> dict:
+        """What a greedy answer of this server promises against plain decoding of its target, alone
+        (spekula.divergence.guarantee; shared: batching and the prompt cache also change a token's pass)."""
+        if self._guarantee is None:
+            self._guarantee = guarantee(self.pipeline.target, shared=True).to_dict()
+        return self._guarantee
 
     def namespace(self, authorization: str | None) -> str:
         """A request's namespace in the proposer's cross-request memory (the suffix proposer drafts
