@@ -3,7 +3,10 @@
 Starts every contender at once on loopback, on the same GGUF with the same threads, and sends each request
 to all of them, one request in flight at a time, the contenders' order rotating from request to request
 (so none always runs first). OpenAI chat requests, greedy (temperature 0), as a client sees them: tokens/s
-per request is `usage.completion_tokens` over the request's wall time.
+per request is the answer's tokens over the request's wall time, its tokens counted by one rule for every
+contender: the target's tokenizer over the answer's text (`recount`). The servers' own `usage.completion_tokens`
+(kept as usage_tokens) do not count alike: llama-server counts the end-of-generation token it sampled, spekula
+does not, so on an answer that ends there llama-server would claim one token more for the same text and time.
 
 The built-in suite (src/spekula/bench/suite) is split three ways, each category's prompts dealt in turn (an
 edit session's two turns stay together, in order): set A, set B and the warm-up set W.
@@ -29,11 +32,13 @@ llama.cpp source as the installed llama-cpp-python). Writes OUT/results.jsonl (o
 contender), OUT/table.md, OUT/commands.txt and each server's log; the last line printed is one JSON object.
 
     .venv/bin/python scripts/llama_server_compare.py OUT [--max-tokens 96] [--warmup-rounds 1]
+    .venv/bin/python scripts/llama_server_compare.py OUT --retable   # OUT/table.md again from OUT/results.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -47,6 +52,7 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from spekula.bench.manifest import portable
 from spekula.bench.workloads import TURN, WorkItem, builtin_workload, conversation_order
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +77,11 @@ class Server:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a built-in model name (its GGUF) or a .gguf path")
+    ap.add_argument(
+        "--model",
+        default="qwen2.5-coder-1.5b",
+        help="a built-in model name: its GGUF, and its tokenizer to count tokens",
+    )
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=1, help="llama-server's -np (slots)")
@@ -80,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="the order of each set")
     ap.add_argument("--port", type=int, default=18300, help="the first contender's port; the next ones follow")
     ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--retable",
+        action="store_true",
+        help="start nothing: OUT/table.md again from OUT/results.jsonl(.gz), tokens recounted",
+    )
     args = ap.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = [c for c in args.contenders if c not in CONTENDERS]
@@ -150,27 +165,82 @@ def model_id(server: Server) -> str:
 
 
 def ask(server: Server, item: WorkItem, max_tokens: int, salt: str = "") -> dict:
-    """One greedy chat request: wall seconds, completion tokens, text."""
+    """One greedy chat request, streamed: wall seconds, seconds to the first token, completion tokens, text."""
     messages = item.salted(salt).chat_messages() if salt else item.chat_messages()
-    body = {"model": server.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
+    body = {
+        "model": server.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     request = urllib.request.Request(
         server.url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     start = time.perf_counter()
+    first, tokens, parts = None, None, []
     with urllib.request.urlopen(request, timeout=900) as r:
-        answer = json.loads(r.read())
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    first = time.perf_counter() if first is None else first
+                    parts.append(text)
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
     seconds = time.perf_counter() - start
-    tokens = answer["usage"]["completion_tokens"]
-    text = answer["choices"][0]["message"]["content"]
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "text": text}
+    if tokens is None:
+        raise SystemExit(f"{server.name} streamed no usage (stream_options.include_usage)")
+    ttft = (first or time.perf_counter()) - start
+    decode = seconds - ttft
+    return {
+        "seconds": seconds,
+        "ttft_s": ttft,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "decode_tokens_per_s": (tokens - 1) / decode if tokens > 1 and decode > 0 else None,
+        "text": "".join(parts),
+    }
 
 
-def run_phase(phase: str, items: list[WorkItem], live: list[Server], args, log, turn: int, salt: str = "") -> int:
+def recount(row: dict, count) -> dict:
+    """The row with its tokens counted by `count` (text -> tokens, the same for every contender) and its rates
+    from that count; the server's own count kept as usage_tokens."""
+    tokens = count(row["text"])
+    decode = row["seconds"] - row["ttft_s"] if row.get("ttft_s") is not None else 0.0  # run unstreamed: no ttft
+    return {
+        **row,
+        "usage_tokens": row.get("usage_tokens", row["tokens"]),
+        "tokens": tokens,
+        "tokens_per_s": tokens / row["seconds"],
+        "decode_tokens_per_s": (tokens - 1) / decode if tokens > 1 and decode > 0 else None,
+    }
+
+
+def token_counter(model: str):
+    """text -> its tokens under the target's tokenizer (no special tokens)."""
+    from spekula.models import resolve
+    from spekula.text import TextCodec
+
+    if model.endswith(".gguf"):
+        raise SystemExit("give --model as a built-in name: its tokenizer counts every contender's tokens alike")
+    tokenizer = TextCodec.load(resolve(model).hf_dir).tokenizer
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def run_phase(
+    phase: str, items: list[WorkItem], live: list[Server], args, log, turn: int, count, salt: str = ""
+) -> int:
     for item in items:
         for j in range(len(live)):
             server = live[(turn + j) % len(live)]
             row = {"phase": phase, "id": item.id, "category": item.category, "server": server.name}
-            row.update(ask(server, item, args.max_tokens, salt))
+            row = recount({**row, **ask(server, item, args.max_tokens, salt)}, count)
             log.write(json.dumps(row) + "\n")
             log.flush()
         turn += 1
@@ -202,18 +272,62 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             summary.setdefault(phase, {})[name] = {"all": whole, **cells, "same_text_as_plain": same}
             row = f"| {name} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories)
             lines.append(row + f" | {same}/{len(ids)} |")
+        for label, over in _derived(contenders):  # spekula per request over another contender, not llama-server
+            ratios = {
+                (c, i): by[(phase, i, "spekula")]["tokens_per_s"] / max(by[(phase, i, o)]["tokens_per_s"] for o in over)
+                for c, i in ids
+            }
+            cells = {c: statistics.median(v for (cc, _), v in ratios.items() if cc == c) for c in categories}
+            whole = statistics.median(ratios.values())
+            summary[phase][label] = {"all": whole, **cells}
+            lines.append(f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories) + " | |")
+        if not any(r.get("ttft_s") is not None for r in rows if r["phase"] == phase):
+            continue  # requests not streamed: no time to the first token, no decode rate
+        lines += [
+            "",
+            f"{phase}: decode only (tokens after the first over the time after it) and time to the first token",
+            "",
+        ]
+        lines += [f"| contender | decode tokens/s over {PLAIN}'s | time to first token, median, s |", "|---|---|---|"]
+        for name in contenders:
+            pairs = [(by[(phase, i, name)], by[(phase, i, PLAIN)]) for _, i in ids]
+            decode = [a["decode_tokens_per_s"] / b["decode_tokens_per_s"] for a, b in pairs if _decoded(a, b)]
+            ttft = [a["ttft_s"] for a, _ in pairs if a.get("ttft_s") is not None]
+            cell = f"{statistics.median(decode):.3f}" if decode else "-"
+            lines.append(f"| {name} | {cell} | {statistics.median(ttft):.3f} |" if ttft else f"| {name} | {cell} | - |")
+            summary[phase][name]["decode"] = statistics.median(decode) if decode else None
     return "\n".join(lines) + "\n", summary
+
+
+def _derived(contenders: list[str]) -> list[tuple[str, list[str]]]:
+    """(row label, contenders whose faster one, per request, spekula's rate is divided by)."""
+    if "spekula" not in contenders:
+        return []
+    modes = [m for m in SPEC_TYPES if SPEC_TYPES[m] and m in contenders]
+    rows = [("spekula over the better n-gram mode", modes)] if modes else []
+    return rows + ([("spekula over spekula-plain", ["spekula-plain"])] if "spekula-plain" in contenders else [])
+
+
+def _decoded(a: dict, b: dict) -> bool:
+    return bool(a.get("decode_tokens_per_s") and b.get("decode_tokens_per_s"))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from spekula.models import resolve
 
-    gguf = str(resolve(args.model).gguf_path) if not args.model.endswith(".gguf") else args.model
+    count = token_counter(args.model)
+    if args.retable:
+        saved = args.out / "results.jsonl"
+        lines = saved.read_text() if saved.exists() else gzip.decompress((args.out / "results.jsonl.gz").read_bytes())
+        rows = [recount(json.loads(line), count) for line in lines.splitlines()]
+        return write_table(args, rows, {})
+    gguf = str(resolve(args.model).gguf_path)
     sets = split_suite(builtin_workload(), args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     live = servers(args, gguf)
-    (args.out / "commands.txt").write_text("\n".join(shlex.join(s.argv) for s in live) + "\n")
+    # the servers' commands, naming no machine (paths from the checkout or $SPEKULA_CACHE: manifest.portable)
+    (args.out / "commands.txt").write_text("\n".join(shlex.join(portable(s.argv)) for s in live) + "\n")
     procs = []
     try:
         for s in live:
@@ -224,20 +338,26 @@ def main(argv: list[str] | None = None) -> int:
             wait_ready(s, args.start_timeout)
         live = [replace(s, model=model_id(s)) for s in live]
         with open(args.out / "results.jsonl", "w") as log:
-            turn = run_phase("cold", sets["A"], live, args, log, 0)
+            turn = run_phase("cold", sets["A"], live, args, log, 0, count)
             for r in range(args.warmup_rounds):
-                turn = run_phase("warmup", sets["W"], live, args, log, turn, salt=f"(warm-up round {r})" if r else "")
-            run_phase("warm", sets["B"], live, args, log, turn)
+                salt = f"(warm-up round {r})" if r else ""
+                turn = run_phase("warmup", sets["W"], live, args, log, turn, count, salt=salt)
+            run_phase("warm", sets["B"], live, args, log, turn, count)
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(timeout=60)
     rows = [json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines()]
-    text, summary = table(rows, args.contenders)
+    return write_table(args, rows, {k: len(v) for k, v in sets.items()})
+
+
+def write_table(args, rows: list[dict], sets: dict) -> int:
+    contenders = [c for c in args.contenders if any(r["server"] == c for r in rows)]
+    text, summary = table(rows, contenders)
     (args.out / "table.md").write_text(text)
     print(text)
-    print(json.dumps({"out": str(args.out), "sets": {k: len(v) for k, v in sets.items()}, "summary": summary}))
+    print(json.dumps({"out": str(args.out), "sets": sets, "summary": summary}))
     return 0
 
 

@@ -349,3 +349,19 @@ def test_a_count_of_stream_chunks_takes_the_usage_count_of_an_identical_text_onl
     assert (results[1].stats.output_tokens, results[1].token_count_source) == (9, "usage (identical text)")
     assert [r.stats.output_tokens for r in results[3:]] == [7, 7]
     assert {r.token_count_source for r in results[3:]} == {"chunks"}
+
+
+def test_a_server_that_counts_its_end_token_counts_an_identical_text_as_the_other_does():
+    def result(config, prompt, text, tokens):
+        stats = RequestStats(output_tokens=tokens, total_s=1.0, finish_reason="stop")
+        return RequestResult(prompt, "c", config, stats, text, None, token_count_source="usage")
+
+    results = [
+        result("spekula", "a", "same text", 9),
+        result("llama-server", "a", "same text", 10),  # its usage counts the end token it sampled
+        result("spekula", "b", "one text", 9),
+        result("llama-server", "b", "another text", 10),  # other texts: nothing to reconcile
+    ]
+    assert borrow_token_counts(results) == 1
+    assert [r.stats.output_tokens for r in results] == [9, 9, 9, 10]
+    assert [r.token_count_source for r in results] == ["usage", "usage (identical text)", "usage", "usage"]

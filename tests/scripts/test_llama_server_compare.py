@@ -3,6 +3,8 @@ lines, and the table of ratios over llama-server's plain decoding."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from scriptkit import loaded
 
@@ -81,3 +83,50 @@ def test_the_table_is_each_contender_s_median_ratio_over_plain_llama_server(scri
     assert summary["cold"]["spekula"]["same_text_as_plain"] == 2
     assert summary["warm"]["llama-server"]["all"] == 1.0
     assert "| spekula | 0.900 |" in text
+
+
+def test_the_table_gives_spekula_over_the_faster_n_gram_mode_and_over_its_own_plain_decoding(script):
+    rows = []
+    for phase in ("cold", "warm"):
+        for server, tps in (("llama-server", 10.0), ("ngram-simple", 12.0), ("ngram-mod", 16.0), ("spekula", 14.0)):
+            rows.append(
+                {"phase": phase, "id": "a", "category": "code", "server": server, "tokens_per_s": tps, "text": "t"}
+            )
+        rows.append(
+            {"phase": phase, "id": "a", "category": "code", "server": "spekula-plain", "tokens_per_s": 7.0, "text": "t"}
+        )
+    text, summary = script.table(rows, script.CONTENDERS)
+    assert summary["cold"]["spekula over the better n-gram mode"]["code"] == pytest.approx(14 / 16)
+    assert summary["warm"]["spekula over spekula-plain"]["all"] == pytest.approx(2.0)
+    assert "| spekula over the better n-gram mode | 0.875 | 0.875 | |" in text
+    _, without = script.table(
+        [r for r in rows if r["server"] in ("llama-server", "spekula")], ["llama-server", "spekula"]
+    )
+    assert set(without["cold"]) == {"llama-server", "spekula"}  # nothing to divide by: no derived rows
+
+
+def test_every_contender_s_tokens_are_counted_by_one_rule(script):
+    """llama-server counts the end token it sampled in usage.completion_tokens, spekula does not: the same text in
+    the same time must give the same rate."""
+    words = lambda text: len(text.split())  # noqa: E731  (the target's tokenizer in the script)
+    server = {"text": "a b c", "tokens": 4, "seconds": 2.0, "ttft_s": 0.5}
+    ours = {"text": "a b c", "tokens": 3, "seconds": 2.0, "ttft_s": 0.5}
+    a, b = script.recount(server, words), script.recount(ours, words)
+    assert a["tokens"] == b["tokens"] == 3 and a["tokens_per_s"] == b["tokens_per_s"] == 1.5
+    assert (a["usage_tokens"], b["usage_tokens"]) == (4, 3)  # the servers' own counts are kept
+    assert a["decode_tokens_per_s"] == pytest.approx(2 / 1.5)
+    assert script.recount(a, words)["usage_tokens"] == 4  # recounting again keeps the server's count
+    unstreamed = script.recount({"text": "a b", "tokens": 3, "seconds": 1.0}, words)
+    assert unstreamed["tokens_per_s"] == 2.0 and unstreamed["decode_tokens_per_s"] is None
+
+
+def test_retable_recounts_a_saved_run(script, tmp_path, monkeypatch):
+    monkeypatch.setattr(script, "token_counter", lambda model: lambda text: len(text.split()))
+    rows = [
+        {"phase": p, "id": "a", "category": "code", "server": s, "text": "x y", "tokens": n, "seconds": 1.0}
+        for p in ("cold", "warm")
+        for s, n in (("llama-server", 3), ("spekula", 2))
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert script.main([str(tmp_path), "--retable"]) == 0
+    assert "| spekula | 1.000 |" in (tmp_path / "table.md").read_text()  # same text, same time: the same rate

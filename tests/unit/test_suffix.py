@@ -558,6 +558,17 @@ def test_forget_drops_one_namespace_only():
 # -- the knobs a user sets: SpecConfig.suffix, --suffix-* -------------------------------------------
 
 
+def test_a_suffix_draft_may_be_as_long_as_the_engine_verifies():
+    """--k-max 48 (or a fixed --k 24) lets a long verbatim copy be drafted that far, not 16 tokens at most."""
+    target = random_table_backend(256, seed=0, order=2)
+    text = list(range(10, 130))  # 120 distinct tokens, then again: the second time, the rest is a match
+    options = SuffixOptions(spec_factor=2.0)  # a 32-token match may draft 64
+    for k, k_max, longest in [(None, 16, 16), (None, 48, 48), (24, 16, 24)]:
+        factory = build_proposer(SUFFIX, SpecConfig(k=k, k_max=k_max, suffix=options), target=target)
+        draft = factory.create().propose(text + text[:40], 64, GREEDY, None)
+        assert draft.tokens == text[40 : 40 + longest], (k, k_max)
+
+
 def test_user_options_reach_the_proposer():
     target = random_table_backend(VOCAB, seed=0, order=2)
     options = SuffixOptions(cache_entries=3, cache_bytes=1 << 20, max_depth=8, min_token_prob=0.5, spec_factor=2.0)

@@ -5,7 +5,8 @@ Output tokens are the server's own count (`usage.completion_tokens`, asked for w
 stream_options.include_usage) when it reports one, otherwise the number of non-empty stream chunks
 (marked per request as token_count_source = "chunks"). A server that streams no usage (llama_cpp.server)
 borrows the count of the other side's identical text for the same prompt (`borrow_token_counts`), so an
-identical answer counts the same number of tokens on both sides.
+identical answer counts the same number of tokens on both sides; where both report usage and differ on the same
+text (llama-server counts the end token it sampled, spekula does not), both take the fewer.
 
 Servers differ in their defaults for parameters outside OpenAI's API: llama_cpp.server applies a repeat
 penalty of 1.1 and top-k 40 unless told otherwise, so its "greedy" is not plain greedy decoding. An
@@ -282,18 +283,24 @@ async def _request(
 
 
 def borrow_token_counts(results: list[RequestResult]) -> int:
-    """A result counted in stream chunks takes the server-reported count of an identical text for the same
-    prompt and repeat (the same text from the same tokenizer is the same tokens); returns how many did. One
-    chunk usually carries one token, but not always (a character split over tokens, a held-back stop string)."""
-    counted = {
-        (r.prompt_id, r.repeat, r.text): r.stats.output_tokens
-        for r in results
-        if r.ok and r.token_count_source == "usage" and r.text
-    }
+    """Identical texts for the same prompt and repeat count the same tokens (the same text from the same tokenizer
+    is the same tokens): the fewest any server reported for it. A result counted in stream chunks takes that count
+    (one chunk usually carries one token, but not always: a character split over tokens, a held-back stop string),
+    and so does a server's count above it: llama-server's usage also counts the end token it sampled, spekula's
+    does not, and the same text in the same time must show the same rate. Returns how many results changed."""
+    counted: dict[tuple, int] = {}
+    for r in results:
+        if r.ok and r.token_count_source == "usage" and r.text:
+            key = (r.prompt_id, r.repeat, r.text)
+            counted[key] = min(counted.get(key, r.stats.output_tokens), r.stats.output_tokens)
     borrowed = 0
     for r in results:
-        n = counted.get((r.prompt_id, r.repeat, r.text)) if r.ok and r.token_count_source == "chunks" else None
-        if n is not None:
+        n = (
+            counted.get((r.prompt_id, r.repeat, r.text))
+            if r.ok and r.token_count_source in ("chunks", "usage")
+            else None
+        )
+        if n is not None and (r.token_count_source == "chunks" or n < r.stats.output_tokens):
             r.stats = replace(r.stats, output_tokens=n)
             r.token_count_source = "usage (identical text)"
             borrowed += 1

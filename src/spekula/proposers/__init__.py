@@ -19,8 +19,14 @@ SUFFIX = "suffix"
 # name -> builder(spec, target) for proposers that need no model. Everything else given as --draft is a model.
 MODEL_FREE: dict[str, Callable[[SpecConfig, Backend], ProposerFactory]] = {
     NGRAM: lambda spec, target: NgramFactory(spec.ngram_max, spec.ngram_min),
-    SUFFIX: lambda spec, target: SuffixFactory(SuffixConfig.from_options(spec.suffix), vocab_size=target.vocab_size),
+    SUFFIX: lambda spec, target: SuffixFactory(suffix_config(spec), vocab_size=target.vocab_size),
 }
+
+
+def suffix_config(spec: SpecConfig) -> SuffixConfig:
+    """The user's suffix knobs, drafting as far as the engine may verify: a fixed k, or --k auto's k_max (a
+    draft is cut to the step's k anyway; a cap of its own below k_max would make `--k-max 48` draft at most 16)."""
+    return SuffixConfig.from_options(spec.suffix, max_draft=max(spec.k or 0, spec.k_max))
 
 
 def needs_model(draft: str | None) -> bool:
