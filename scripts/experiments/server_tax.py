@@ -2,7 +2,7 @@
 through `spekula serve --draft none` (a whole response, and streamed), interleaved request by request.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/server_tax.py [--rounds 8] \
-        [--llama-server] [--serve-env GOMP_SPINCOUNT=10000000 ...]
+        [--llama-server] [--serve-env KEY=VALUE ...] [--serve-args '--max-running 1' ...]
 
 Prints the median milliseconds per output token of each way (a request's wall time over its completion tokens; the
 prompt is cached after the first request, so what remains is decoding; the request asks for fewer tokens than the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -77,6 +78,13 @@ def main() -> int:
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="also a `spekula serve --draft none` started with these environment variables (repeatable)",
     )
+    ap.add_argument(
+        "--serve-args",
+        action="append",
+        default=[],
+        metavar="'ARGS'",
+        help="also a `spekula serve --draft none` with these extra arguments, e.g. '--max-running 1' (repeatable)",
+    )
     args = ap.parse_args()
 
     from spekula.config import BackendConfig, StopConfig
@@ -87,6 +95,8 @@ def main() -> int:
     servers = {"serve": (argv, {})}
     for pairs in args.serve_env:
         servers[f"serve {pairs}"] = (argv, dict(pair.split("=", 1) for pair in pairs.split(",")))
+    for extra in args.serve_args:
+        servers[f"serve {extra}"] = ([*argv, *shlex.split(extra)], {})
     if args.llama_server:
         binary = os.environ.get("LLAMA_SERVER", ".venv/bin/llama-server")
         gguf = str(resolve(MODEL).gguf_path)
