@@ -336,7 +336,7 @@ def test_the_options():
     with pytest.raises(ConfigError, match="--prefill-chunk"):
         ServerSettings(prefill_chunk=-1)
     for share in (0, -0.5, 1.5, float("nan"), True):
-        with pytest.raises(ConfigError, match="--prefill-share must be a fraction in"):
+        with pytest.raises(ConfigError, match="--prefill-share must be a fraction > 0 and <= 1"):
             ServerSettings(prefill_share=share)
     with pytest.raises(ValueError, match="prefill_share"):
         Scheduler(fake_pipeline(), ServerMetrics(), max_running=1, max_queue=1, prefill_share=0)

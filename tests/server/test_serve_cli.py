@@ -61,7 +61,7 @@ def test_the_target_holds_a_sequence_per_running_request_and_the_prompt_cache(ru
     [
         (["--max-running", "0"], "--max-running must be an integer >= 1"),
         (["--max-queue", "-1"], "--max-queue must be an integer >= 0"),
-        (["--port", "70000"], "--port must be at most 65535"),
+        (["--port", "70000"], "--port must be an integer >= 0 and <= 65535"),
         (["--default-max-tokens", "500", "--max-tokens-limit", "100"], "exceeds --max-tokens-limit"),
         (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0"),
         (["--temperature", "3"], "--temperature must be in [0, 2]"),

@@ -11,6 +11,7 @@ from typing import Any
 
 from spekula.config import MAX_PARALLEL, BackendConfig
 from spekula.extras import needs_extra
+from spekula.knobs import add_knob_flags, knob_values
 from spekula.options import (
     add_model_options,
     add_sampling_options,
@@ -26,84 +27,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
-    from spekula.server.settings import API_KEY_ENV, ServerSettings
+    from spekula.server.settings import ServerSettings
 
-    d = ServerSettings()
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, models, metrics)")
     add_model_options(p)
     add_suffix_options(p)
     add_sampling_options(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
-    g.add_argument("--port", type=int, default=d.port, help=f"(default {d.port}; 0 = any free port)")
-    g.add_argument(
-        "--api-key",
-        default=None,
-        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV}, else none)",
-    )
-    g.add_argument(
-        "--served-model-name", default=None, help="the name clients send as `model` (default: the --target name)"
-    )
-    g.add_argument(
-        "--max-running",
-        type=int,
-        default=d.max_running,
-        help=f"requests generating at once, batched in one pass (default {d.max_running}); on llama.cpp the KV cache "
-        "for this many requests (plus one kept by the prompt cache) of --context-length tokens each is allocated "
-        "at start",
-    )
-    g.add_argument(
-        "--max-queue",
-        type=int,
-        default=d.max_queue,
-        help=f"requests waiting for a slot; beyond this: 429 (default {d.max_queue})",
-    )
-    g.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=d.max_body_bytes,
-        help=f"largest request body; beyond this: 413 (default {d.max_body_bytes})",
-    )
-    g.add_argument(
-        "--max-tokens-limit",
-        type=int,
-        default=d.max_tokens_limit,
-        help=f"largest max_tokens a request may ask for (default {d.max_tokens_limit})",
-    )
-    g.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=d.default_max_tokens,
-        help=f"max_tokens when a request gives none (default {d.default_max_tokens})",
-    )
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        default=d.request_timeout_s,
-        help=f"seconds from arrival to the last token; then 504 (default {d.request_timeout_s:g})",
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=d.shutdown_timeout_s,
-        help=f"on SIGTERM/Ctrl-C, seconds running requests get to finish, then 503 (default {d.shutdown_timeout_s:g})",
-    )
-    g.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=d.prefill_chunk,
-        help="prompt tokens prefilled per scheduler round, so running requests keep decoding while a long prompt "
-        f"prefills (shared by the requests prefilling; 0 = each prompt whole; default {d.prefill_chunk})",
-    )
-    g.add_argument(
-        "--prefill-share",
-        type=float,
-        default=d.prefill_share,
-        help="while requests decode, the most of the worker's time that chunks of a longer prompt may take: the rest "
-        "goes to the requests decoding, which are nearer their end (1 = a chunk every round; "
-        f"default {d.prefill_share:.3g})",
-    )
-    g.add_argument("--log-prompts", action="store_true", help="write prompts and outputs to the log (off by default)")
+    add_knob_flags(g, ServerSettings)  # each flag from its one declaration (spekula.server.settings)
     g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
     return {"serve": p}
@@ -112,23 +43,9 @@ def register(sub: Any) -> dict[str, argparse.ArgumentParser]:
 def settings_from_args(args: argparse.Namespace):
     from spekula.server.settings import API_KEY_ENV, ServerSettings
 
-    return ServerSettings(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        model_name=args.served_model_name,
-        max_running=args.max_running,
-        max_queue=args.max_queue,
-        max_body_bytes=args.max_body_bytes,
-        max_tokens_limit=args.max_tokens_limit,
-        default_max_tokens=args.default_max_tokens,
-        request_timeout_s=args.request_timeout,
-        shutdown_timeout_s=args.shutdown_timeout,
-        prefill_chunk=args.prefill_chunk,
-        prefill_share=args.prefill_share,
-        log_prompts=args.log_prompts,
-        sampling=sampling_from_args(args),
-    )
+    values = knob_values(ServerSettings, args)
+    values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None  # the flag wins over the environment
+    return ServerSettings(**values, sampling=sampling_from_args(args))
 
 
 def target_backend(args: argparse.Namespace, settings) -> BackendConfig:
