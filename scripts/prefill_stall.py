@@ -144,7 +144,7 @@ class LongStream:
         self.ttft = math.nan
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "LongStream":
+    def start(self) -> LongStream:
         self._thread.start()
         return self
 

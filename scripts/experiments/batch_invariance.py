@@ -26,9 +26,11 @@ here: each sequence gave back only its own last cell, and took it again). Not bu
 """
 
 import sys
-import torch
+
 import llama_cpp
 import llama_cpp._internals as internals
+import torch
+
 from spekula.config import BackendConfig
 from spekula.pipeline import load_model
 

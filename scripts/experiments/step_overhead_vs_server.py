@@ -285,7 +285,7 @@ class LlamaServer:
         self.argv, self.url, self.log, self.env = argv, f"http://127.0.0.1:{port}", log, env
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env)
         return self

@@ -97,7 +97,7 @@ class Engine:
         controller: Controller | None = None,
         namespace: str = "",
         plain: bool = False,
-    ) -> "Generation":
+    ) -> Generation:
         """Start a request. Iterate the result to run it step by step (each item: the new token ids).
 
         controller: chooses k before each step; default: the engine's (from SpecConfig).
@@ -173,7 +173,7 @@ class Generation:
         layer sets finish_reason) or close(). Known right after the complete() that got there."""
         return self.finish_reason is not None
 
-    def run(self) -> "Generation":
+    def run(self) -> Generation:
         """Run to the end (no streaming)."""
         for _ in self._steps:
             pass
@@ -218,7 +218,7 @@ class Generation:
             self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(self._committed)
         )
 
-    def plan(self, k: int | None = None) -> "PlannedStep | None":
+    def plan(self, k: int | None = None) -> PlannedStep | None:
         """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
         score pass must run. None when the request is finished. What prefill() has not prefilled of
         the prompt goes into the first step's pass, in front of the pending token and the draft (one
@@ -269,7 +269,7 @@ class Generation:
             prompt=len(prompt),
         )
 
-    def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
+    def complete(self, step: PlannedStep, logits: torch.Tensor, score_s: float | None = None) -> list[int]:
         """Stages 3-5 from the target's logits [k' + 1, V]: accept, resample, advance. Returns the
         token ids to emit. score_s: what the pass cost (default: from plan to now, i.e. a lone pass)."""
         stats, controller, draft, k = self.stats, self.controller, step.draft, step.k
@@ -335,7 +335,7 @@ class Generation:
         """The next plan() can run: the prompt is prefilled, or its last chunk was folded into it."""
         return self._prefill_done or self._folded is not None
 
-    def fold(self, chunk: "PrefillChunk") -> None:
+    def fold(self, chunk: PrefillChunk) -> None:
         """Leave the prompt's last chunk (from prefill_chunk(), not run) to the first step's pass: one
         pass prefills it and scores the pending token and the draft, as a batching server's round does
         with a request whose prompt finishes in it."""
@@ -361,7 +361,7 @@ class Generation:
         self.prefill_chunk(budget).run()
         return self.prefilled()
 
-    def prefill_chunk(self, budget: int | None = None) -> "PrefillChunk":
+    def prefill_chunk(self, budget: int | None = None) -> PrefillChunk:
         """The next piece of the prompt for the target, at most `budget` tokens (None: all that are
         left), as a pass to run: alone (chunk.run()) or with other requests' chunks in one batched
         forward; then call prefilled(). The first call opens the caches and starts the request's clock.

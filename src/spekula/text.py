@@ -23,7 +23,7 @@ class TextCodec:
         self.tokenizer = tokenizer
 
     @classmethod
-    def load(cls, path: str | Path) -> "TextCodec":
+    def load(cls, path: str | Path) -> TextCodec:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer

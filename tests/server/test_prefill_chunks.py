@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-from serverkit import fake_pipeline, native_pipeline
 
 from spekula.backends.native import NativeBackend
 from spekula.config import BackendConfig, SamplingParams, StopConfig
@@ -22,6 +21,8 @@ from spekula.errors import ConfigError
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Failed, Finished, Job, Scheduler
 from spekula.server.settings import ServerSettings
+
+from serverkit import fake_pipeline, native_pipeline
 
 WAIT = 20.0  # seconds close() may take before the test fails
 CHUNK = 16

@@ -12,7 +12,6 @@ import threading
 from dataclasses import dataclass, field
 
 import pytest
-from serverkit import fake_pipeline, native_pipeline
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.cost import CostModel
@@ -20,6 +19,8 @@ from spekula.engine import Generation
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Event, Finished, Job, Scheduler
 from spekula.server.schemas import Speculation
+
+from serverkit import fake_pipeline, native_pipeline
 
 WAIT = 20.0  # seconds close() may take before the test fails
 

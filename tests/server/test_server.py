@@ -13,12 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serverkit import MODEL, fake_pipeline, native_pipeline, serving
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.cost import CostModel
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
+
+from serverkit import MODEL, fake_pipeline, native_pipeline, serving
 
 WAIT = 20.0  # seconds any single wait may take before the test fails
 

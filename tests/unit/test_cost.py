@@ -5,8 +5,6 @@ from collections.abc import Sequence
 
 import pytest
 
-from costkit import compute_bound, memory_bound
-
 from spekula.config import SpecConfig
 from spekula.cost import (
     AFTER_EDIT,
@@ -24,6 +22,8 @@ from spekula.cost import (
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory
 from spekula.testing import random_table_backend
+
+from costkit import compute_bound, memory_bound
 
 
 def test_expected_tokens_formula():

@@ -32,7 +32,7 @@ class TransformersBackend(Backend):
     @classmethod
     def load(
         cls, path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig()
-    ) -> "TransformersBackend":
+    ) -> TransformersBackend:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoModelForCausalLM
@@ -42,7 +42,7 @@ class TransformersBackend(Backend):
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[config.dtype])
         return cls(model, name or Path(path).name, config)
 
-    def new_sequence(self) -> "TransformersSequence":
+    def new_sequence(self) -> TransformersSequence:
         return TransformersSequence(self)
 
 

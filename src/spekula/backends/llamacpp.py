@@ -128,7 +128,7 @@ class LlamaCppBackend(Backend):
             self.exact_width = self._widest_exact_block()
             self.capabilities = replace(type(self).capabilities, block_invariant=True)
 
-    def _new_context(self, n_ctx: int, sequences: int = 1) -> "_Context":
+    def _new_context(self, n_ctx: int, sequences: int = 1) -> _Context:
         import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext
 
@@ -182,7 +182,7 @@ class LlamaCppBackend(Backend):
     def single_pass_width(self) -> int | None:
         return self.exact_width if self.exact else None
 
-    def new_sequence(self) -> "LlamaCppSequence":
+    def new_sequence(self) -> LlamaCppSequence:
         if self._free_ids:
             return LlamaCppSequence(self, self._shared, self._free_ids.pop())
         context = self._pool.pop() if self._pool else self._new_context(self.context_length)
@@ -209,7 +209,7 @@ class LlamaCppBackend(Backend):
 
     def forward_batch(
         self,
-        sequences: Seq["LlamaCppSequence"],
+        sequences: Seq[LlamaCppSequence],
         token_lists: Seq[Seq[int]],
         num_logits: Seq[int | None] | None = None,
     ) -> list[torch.Tensor]:
@@ -244,7 +244,7 @@ class LlamaCppBackend(Backend):
             block.seq.tokens.extend(block.ids)
         return [logits[id(block)] for block in blocks]
 
-    def _decode(self, context: "_Context", blocks: list["_Block"]) -> list[torch.Tensor]:
+    def _decode(self, context: _Context, blocks: list[_Block]) -> list[torch.Tensor]:
         """Append every block to its sequence's cache in `context`, in llama_decode calls of at most
         N_BATCH tokens; the logits each block asked for, in its order. In exact mode a lone block's
         rows that want logits (the pending token and the draft) go in calls of the exact width, after
@@ -311,7 +311,7 @@ class _Context:
 
 @dataclass(eq=False)
 class _Block:
-    seq: "LlamaCppSequence"
+    seq: LlamaCppSequence
     ids: list[int]
     wanted: int  # logits for the last `wanted` tokens
 

@@ -206,7 +206,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)  # [hd / 2] fp32, not a weight
 
     @classmethod
-    def from_state_dict(cls, args: ModelArgs, weights: dict[str, torch.Tensor]) -> "Transformer":
+    def from_state_dict(cls, args: ModelArgs, weights: dict[str, torch.Tensor]) -> Transformer:
         """Build without initialising anything (weights are taken over, not copied)."""
         with torch.device("meta"):
             model = cls(args)
@@ -320,7 +320,7 @@ class NativeBackend(Backend):
         config: BackendConfig = BackendConfig(),
         device: str = "cpu",
         **kw,
-    ) -> "NativeBackend":
+    ) -> NativeBackend:
         """A Hugging Face directory or a .gguf file; keyword arguments as for the constructor."""
         from spekula.backends.native_loader import load_weights
 
@@ -330,7 +330,7 @@ class NativeBackend(Backend):
         model = Transformer.from_state_dict(loaded.args, loaded.weights).to(device)
         return cls(model, name or Path(path).stem, config, loaded.eos_token_ids, **kw)
 
-    def new_sequence(self) -> "NativeSequence":
+    def new_sequence(self) -> NativeSequence:
         return NativeSequence(self)
 
     def describe(self) -> dict:
@@ -340,7 +340,7 @@ class NativeBackend(Backend):
     @torch.inference_mode()
     def forward_batch(
         self,
-        sequences: Seq["NativeSequence"],
+        sequences: Seq[NativeSequence],
         token_lists: Seq[Seq[int]],
         num_logits: Seq[int | None] | None = None,
         block_masks: Seq[torch.Tensor | None] | None = None,
@@ -379,7 +379,7 @@ class NativeBackend(Backend):
         return list(logits.split(counts))
 
     def _segment(
-        self, seq: "NativeSequence", ids: list[int], block_mask: torch.Tensor | None, row: int
+        self, seq: NativeSequence, ids: list[int], block_mask: torch.Tensor | None, row: int
     ) -> tuple[Segment, torch.Tensor]:
         """Plan one sequence's share of the forward: cache room, slots, masks.
 
@@ -404,7 +404,7 @@ class NativeBackend(Backend):
             segment.window_masks[window] = _to(attention_mask(start, depth, kv_len, block_mask, window), self.device)
         return segment, depth
 
-    def _check(self, seq: "NativeSequence", ids: list[int], wanted: int, block_mask: torch.Tensor | None) -> None:
+    def _check(self, seq: NativeSequence, ids: list[int], wanted: int, block_mask: torch.Tensor | None) -> None:
         if seq.backend is not self:
             raise ValueError("the sequence belongs to another backend")
         S = len(ids)

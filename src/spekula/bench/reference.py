@@ -65,7 +65,7 @@ class LlamaSettings:
     eos_token_ids: frozenset[int]
 
     @classmethod
-    def of(cls, backend: Any) -> "LlamaSettings":
+    def of(cls, backend: Any) -> LlamaSettings:
         """From a spekula.backends.llamacpp.LlamaCppBackend (the target on llama.cpp)."""
         from spekula.backends.llamacpp import N_BATCH, LlamaCppBackend
 

@@ -466,7 +466,7 @@ class PeakRss:
                 return int(line.split()[1])
         raise ValueError(f"no {key} in {cls.STATUS}")
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         if self._thread is not None:
             self._thread.start()
         return self

@@ -70,7 +70,7 @@ class WorkItem:
         n = self.max_tokens if self.max_tokens is not None else (cap if cap is not None else default)
         return min(n, cap) if cap is not None else n
 
-    def salted(self, line: str) -> "WorkItem":
+    def salted(self, line: str) -> WorkItem:
         """The same item with `line` (and a newline) in front of its prompt, or of its first message."""
         if self.messages is not None:
             first, *rest = self.messages

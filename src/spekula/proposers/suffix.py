@@ -117,7 +117,7 @@ class SuffixConfig:
             raise ConfigError(f"suffix spec_offset must be >= 0, got {self.spec_offset!r}")
 
     @classmethod
-    def from_options(cls, options: SuffixOptions, max_draft: int = K_MAX) -> "SuffixConfig":
+    def from_options(cls, options: SuffixOptions, max_draft: int = K_MAX) -> SuffixConfig:
         """The user's knobs (SpecConfig.suffix) and the longest draft the engine verifies, the rest at defaults."""
         return cls(**asdict(options), max_draft=max_draft)
 

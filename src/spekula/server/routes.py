@@ -31,7 +31,7 @@ HUNG_WORKER_GRACE_S = 30.0  # past the deadline, the handler stops waiting even 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _state(request: Request) -> "ServerState":
+def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
@@ -156,7 +156,7 @@ class JobStream(StreamingResponse):
 
 
 async def _complete(
-    request: Request, state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
+    request: Request, state: ServerState, job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
 ) -> Response:
     watcher = asyncio.create_task(_on_disconnect(request, lambda: state.scheduler.cancel(job)))
     finished = False
@@ -176,7 +176,7 @@ async def _complete(
 
 
 async def _stream(
-    state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
+    state: ServerState, job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
 ) -> AsyncIterator[bytes]:
     """Server-sent events. Starlette cancels this generator when the client disconnects."""
     finished = False
@@ -203,7 +203,7 @@ async def _stream(
             state.scheduler.cancel(job)
 
 
-async def _next_event(state: "ServerState", job: Job, sink: AsyncSink) -> Event:
+async def _next_event(state: ServerState, job: Job, sink: AsyncSink) -> Event:
     # The worker enforces the deadline between steps; this only guards against a worker that hangs.
     remaining = job.deadline - time.monotonic()
     try:
@@ -225,7 +225,7 @@ async def _on_disconnect(request: Request, callback) -> None:
             return
 
 
-def _check_model(state: "ServerState", model: str) -> None:
+def _check_model(state: ServerState, model: str) -> None:
     if model != state.model_name:
         raise APIError(
             404,
@@ -235,7 +235,7 @@ def _check_model(state: "ServerState", model: str) -> None:
         )
 
 
-def _model_card(state: "ServerState") -> dict:
+def _model_card(state: ServerState) -> dict:
     spec = state.speculation
     return {
         "id": state.model_name,
