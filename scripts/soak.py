@@ -287,7 +287,7 @@ async def one_request(client: httpx.AsyncClient, plan: Plan, rng: random.Random,
         if text != plan.reference[prompt]:
             tally.mismatches += 1
             ref = plan.reference[prompt]
-            at = next((i for i, (a, b) in enumerate(zip(text, ref)) if a != b), min(len(text), len(ref)))
+            at = next((i for i, (a, b) in enumerate(zip(text, ref, strict=False)) if a != b), min(len(text), len(ref)))
             tally.mismatched[prompt] += 1
             tally.note(
                 "greedy:mismatch",

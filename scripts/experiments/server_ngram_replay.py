@@ -395,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     for group, by_name in out.items():
         cells = [by_name[n] for n in names]
         alpha = [f"{c['alpha']:.2f}" if c["alpha"] is not None else "-" for c in cells]
-        print(f"{group} | " + " | ".join(f"{c['speedup']:.3f}x, {c['tau']:.2f}, {a}" for c, a in zip(cells, alpha)))
+        print(
+            f"{group} | "
+            + " | ".join(f"{c['speedup']:.3f}x, {c['tau']:.2f}, {a}" for c, a in zip(cells, alpha, strict=True))
+        )
     print(json.dumps({"prompts": len(requests), "simple": args.simple, "mod": args.mod, "summary": out}))
     return 0
 

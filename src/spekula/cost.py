@@ -332,7 +332,7 @@ class CostModel:
         elif len(by_position) < k_max:
             by_position = [*by_position, *[by_position[-1]] * (k_max - len(by_position))]
         out, tokens, gain, per_draft = [1.0 / costs[1]], 1.0, 1.0, self.draft_s_per_token
-        for k, rate_k, cost in zip(range(1, k_max + 1), by_position, costs[2 : k_max + 2]):
+        for k, rate_k, cost in zip(range(1, k_max + 1), by_position, costs[2 : k_max + 2], strict=False):
             gain *= rate_k
             tokens += gain
             out.append(tokens / (cost + k * per_draft))

@@ -557,7 +557,7 @@ def _step_record(
             "position": n,
             "token": token,
             "why": why,
-            "target_top5": [[int(i), float(v)] for v, i in zip(top_p, top_ids)],
+            "target_top5": [[int(i), float(v)] for v, i in zip(top_p, top_ids, strict=True)],
         }
     kind = "plain" if not len(draft) else ("bonus" if verdict.bonus else "recovered")
     return StepRecord(

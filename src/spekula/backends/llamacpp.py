@@ -224,7 +224,7 @@ class LlamaCppBackend(Backend):
         if len({id(s) for s in sequences}) != n:
             raise ValueError("a sequence appears twice in one batch")
         blocks = []
-        for seq, ids, wanted in zip(sequences, token_lists, num_logits):
+        for seq, ids, wanted in zip(sequences, token_lists, num_logits, strict=True):
             if seq.backend is not self:
                 raise ValueError("the sequence belongs to another backend")
             seq.check_open()
@@ -238,7 +238,7 @@ class LlamaCppBackend(Backend):
         groups = ([shared] if shared else []) + [[b] for b in blocks if b not in shared]
         logits: dict[int, torch.Tensor] = {}
         for group in groups:
-            for block, out in zip(group, self._decode(group[0].seq.context, group)):
+            for block, out in zip(group, self._decode(group[0].seq.context, group), strict=True):
                 logits[id(block)] = out
         for block in blocks:
             block.seq.tokens.extend(block.ids)
@@ -274,7 +274,7 @@ class LlamaCppBackend(Backend):
             owners = [b for *_, wants_logits, b in chunk if wants_logits]
             if owners:
                 got = context.logits(len(owners), vocab)
-                for row, b in zip(got, owners):  # copied out before the next llama_decode overwrites them
+                for row, b in zip(got, owners, strict=True):  # copied out before the next llama_decode overwrites them
                     out[b][filled[b]] = row
                     filled[b] += 1
         return [torch.from_numpy(logits) for logits in out]

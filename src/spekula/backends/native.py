@@ -360,7 +360,7 @@ class NativeBackend(Backend):
             raise ValueError("a sequence appears twice in one batch")
 
         tokens, positions, logit_rows, segments, counts = [], [], [], [], []
-        for seq, ids, wanted, block_mask in zip(sequences, token_lists, num_logits, block_masks):
+        for seq, ids, wanted, block_mask in zip(sequences, token_lists, num_logits, block_masks, strict=True):
             ids = [int(t) for t in ids]
             wanted = len(ids) if wanted is None else wanted
             self._check(seq, ids, wanted, block_mask)
@@ -374,7 +374,7 @@ class NativeBackend(Backend):
         inputs = (torch.tensor(tokens, device=self.device), torch.cat(positions).to(self.device), segments)
         logits = self.model(*inputs, torch.tensor(logit_rows, device=self.device))
         logits = logits.cpu()  # [sum(num_logits), V]; the engine verifies and samples on the CPU
-        for seq, ids in zip(sequences, token_lists):
+        for seq, ids in zip(sequences, token_lists, strict=True):
             seq.tokens.extend(int(t) for t in ids)
         return list(logits.split(counts))
 

@@ -759,7 +759,7 @@ def render_tokens(
     for step in trace.steps:
         kinds = ["accepted"] * step.accepted + [step.next_kind]
         probs = [(d.p, d.q) for d in step.drafted[: step.accepted]] + [(step.next_p, None)]
-        for token, kind, (p, q) in zip(step.emitted, kinds, probs):
+        for token, kind, (p, q) in zip(step.emitted, kinds, probs, strict=False):
             tokens.append(
                 {"token": token, "text": detok.feed([token]), "kind": kind, "step": step.step, "p": p, "q": q}
             )

@@ -432,7 +432,7 @@ def split_sequence(items: list[WorkItem], parts: int) -> list[list[WorkItem]]:
             at += 1
         cuts.append(at)
     bounds = [0, *cuts, len(items)]
-    chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     if any(not chunk for chunk in chunks):
         raise ConfigError(f"{len(items)} reported requests cannot make {parts} phases; lower --repeats")
     return chunks

@@ -38,7 +38,7 @@ def _list(args: argparse.Namespace) -> int:
         rows.append((s.name, _count(s.parameters), size, s.licence, *map(_yes, (s.installed, s.verified, s.converted))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     print(f"\ncache: {cache_dir()}  (set SPEKULA_CACHE to move it)")
     print(_llamacpp_line())
     return 0

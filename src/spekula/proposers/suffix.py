@@ -172,7 +172,7 @@ class SuffixIndex:
         base = seq_id * STRIDE
         for end in range(max(start, 1), len(seq)):
             code = base + end
-            for n, table in zip(ANCHORS, self.tables):
+            for n, table in zip(ANCHORS, self.tables, strict=True):
                 if n > end:
                     break
                 key = anchor(seq, end, n)
@@ -189,7 +189,7 @@ class SuffixIndex:
         base = seq_id * STRIDE
         for end in range(1, len(seq)):
             code = base + end
-            for n, table in zip(ANCHORS, self.tables):
+            for n, table in zip(ANCHORS, self.tables, strict=True):
                 if n > end:
                     break
                 key = anchor(seq, end, n)
@@ -558,7 +558,7 @@ class SuffixProposer(Proposer):
         while len(draft) < limit and live:
             nexts = []
             counts: dict[int, int] = {}
-            for entry, seq, pos in live:
+            for _entry, seq, pos in live:
                 token = seq[pos] if pos < len(seq) else draft[pos - len(seq)]
                 nexts.append(token)
                 counts[token] = counts.get(token, 0) + 1
@@ -569,7 +569,7 @@ class SuffixProposer(Proposer):
             draft.append(token)
             live = [
                 (entry, seq, pos + 1)
-                for (entry, seq, pos), t in zip(live, nexts)
+                for (entry, seq, pos), t in zip(live, nexts, strict=True)
                 if t == token and (entry == LOCAL or pos + 1 < len(seq))
             ]
             if len(draft) == 1:

@@ -397,7 +397,7 @@ class Scheduler:
         blocks += [(c.sequence, c.tokens, 1) for _, c in riders if c.tokens]
         start = time.perf_counter()
         try:
-            logits = self.pipeline.target.forward_batch(*map(list, zip(*blocks))) if blocks else []
+            logits = self.pipeline.target.forward_batch(*map(list, zip(*blocks, strict=True))) if blocks else []
         except Exception:  # the batch's caches are in an unknown state: end its requests, keep serving
             log.exception("a batched forward of %d requests failed", len(blocks))
             for job, _ in [*planned, *riders]:
@@ -412,7 +412,7 @@ class Scheduler:
             prefilled = riders or any(s.prompt for _, s in planned)  # a pass that prefilled is no step's cost
             if self._batch_k and not prefilled:
                 self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
-        return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits)]
+        return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits, strict=False)]
 
     def _prefill(self, prefilling: list[Job]) -> tuple[list[tuple[Job, PrefillChunk]], bool | None]:
         """Choose the round's prefill chunks, within its budget (prefill_chunk tokens; 0: unbounded), for
@@ -556,7 +556,7 @@ class Scheduler:
         ks, speedup = self.pipeline.engine.costs.best_ks([self._outlook(job) for job in decoding])
         for job in decoding:
             job.run.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
-        return dict(zip(decoding, ks))
+        return dict(zip(decoding, ks, strict=True))
 
     @staticmethod
     def _outlook(job: Job) -> tuple[list[float], int] | None:
