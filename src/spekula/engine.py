@@ -18,7 +18,7 @@ step's pass also carries what is left of the prompt, in front of the pending tok
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -143,7 +143,8 @@ class Generation:
         # depend on k, batching or the proposer (spekula.noise, spekula.verify).
         self.noise = request_noise(sampling.seed)
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
-        self.target_sequence = None  # opened by the first prefill chunk (the first plan() prefills in one)
+        # opened by the first prefill chunk (the first plan() prefills in one)
+        self.target_sequence: Sequence | None = None
         self.proposer: Proposer | None = None
         self.plain = plain  # no proposer for this request (Engine.generate's plain)
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
@@ -179,7 +180,7 @@ class Generation:
             pass
         return self
 
-    def _run(self) -> Iterator[list[int]]:
+    def _run(self) -> Generator[list[int], None, None]:
         try:
             while (step := self.plan()) is not None:
                 emitted = self.complete(step, step.score())
@@ -214,6 +215,7 @@ class Generation:
 
     def _budget(self) -> int:
         """Tokens this request may still emit: max_tokens, and room in the target's context."""
+        assert self.target_sequence is not None  # opened by the first prefill chunk, before any step
         return min(
             self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(self._committed)
         )
@@ -255,6 +257,7 @@ class Generation:
         draft = self._draft(proposer, committed, k)
         if k == 0:
             self._open_shadow(proposer, committed, draft_class)
+        assert self.target_sequence is not None  # _budget() checked
         return PlannedStep(
             self.target_sequence,
             [*prompt, committed[-1], *draft.tokens],
@@ -301,6 +304,7 @@ class Generation:
             stats.accept_s += t3 - t2
             stats.advance_s += t4 - t3
         if stats.ttft_s is None:
+            assert self._start_time is not None  # set by _open, with the first prefill chunk
             stats.ttft_s = t4 - self._start_time
         if self.recorder is not None:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
@@ -372,6 +376,7 @@ class Generation:
             raise RuntimeError("the prompt is prefilled already")
         if self.target_sequence is None:
             self._open()
+        assert self.target_sequence is not None  # _open opened it
         # what a request running beside this one has prefilled of the same prompt (a server's batch)
         self.stats.cached_tokens += self.engine.prompt_cache.borrow(self.target_sequence, self._committed[:-1])
         start = self.target_sequence.length
@@ -385,6 +390,7 @@ class Generation:
         that pass too)."""
         left = self.prefill_left
         if left == 0 and not self._prefill_done:
+            assert self._start_time is not None  # set by _open, with the first prefill chunk
             self._prefill_done = True
             self.stats.prefill_s = time.perf_counter() - self._start_time
         return left

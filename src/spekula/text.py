@@ -39,6 +39,7 @@ class TextCodec:
         if messages is None and not chat:
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         if messages is None:
+            assert prompt is not None  # checked above
             messages = [{"role": "user", "content": prompt}]
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(

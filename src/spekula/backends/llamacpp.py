@@ -184,6 +184,7 @@ class LlamaCppBackend(Backend):
 
     def new_sequence(self) -> LlamaCppSequence:
         if self._free_ids:
+            assert self._shared is not None  # free ids are the shared context's
             return LlamaCppSequence(self, self._shared, self._free_ids.pop())
         context = self._pool.pop() if self._pool else self._new_context(self.context_length)
         return LlamaCppSequence(self, context, 0)
@@ -304,8 +305,10 @@ class _Context:
             self._address, self._views = address, {}
         view = self._views.get(rows)
         if view is None:
+            assert address is not None  # llama.cpp has logits after a llama_decode that asked for some
             buffer = (ctypes.c_float * (rows * vocab)).from_address(address)
-            view = self._views[rows] = np.frombuffer(buffer, dtype=np.float32).reshape(rows, vocab)
+            # a ctypes array has the buffer protocol, which numpy's stubs do not take it to have
+            view = self._views[rows] = np.frombuffer(buffer, dtype=np.float32).reshape(rows, vocab)  # type: ignore[call-overload]
         return view
 
 

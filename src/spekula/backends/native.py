@@ -196,6 +196,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    inv_freq: torch.Tensor  # a buffer (register_buffer below)
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
@@ -359,7 +361,9 @@ class NativeBackend(Backend):
         if len({id(s) for s in sequences}) != n:
             raise ValueError("a sequence appears twice in one batch")
 
-        tokens, positions, logit_rows, segments, counts = [], [], [], [], []
+        tokens: list[int] = []
+        logit_rows: list[int] = []
+        positions, segments, counts = [], [], []
         for seq, ids, wanted, block_mask in zip(sequences, token_lists, num_logits, block_masks, strict=True):
             ids = [int(t) for t in ids]
             wanted = len(ids) if wanted is None else wanted
@@ -393,6 +397,7 @@ class NativeBackend(Backend):
         else:
             depth = torch.arange(S)
         kv_len = start + S
+        assert seq.cache is not None  # reserve() allocated it
         segment = Segment(
             cache=seq.cache,
             rows=slice(row, row + S),

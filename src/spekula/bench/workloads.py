@@ -370,7 +370,8 @@ def _deal(units: list[list[WorkItem]], to_prefix: bool) -> tuple[list[list[WorkI
     """(held out for the reported part, the prefix's pool): each category's units in turn, the first held out."""
     if not to_prefix:
         return list(units), []
-    held, pool = [], []
+    held: list[list[WorkItem]] = []
+    pool: list[list[WorkItem]] = []
     dealt: dict[str, int] = {}
     for unit in units:
         n = dealt.get(unit[0].category, 0)

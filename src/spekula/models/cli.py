@@ -32,7 +32,7 @@ def register(subparsers: Any) -> dict[str, argparse.ArgumentParser]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    rows = [("NAME", "PARAMS", "SIZE", "LICENCE", "INSTALLED", "VERIFIED", "CONVERTED")]
+    rows: list[tuple[str, ...]] = [("NAME", "PARAMS", "SIZE", "LICENCE", "INSTALLED", "VERIFIED", "CONVERTED")]
     for s in list_models():
         size = f"{s.gguf_size / 1e6:,.0f} MB"
         rows.append((s.name, _count(s.parameters), size, s.licence, *map(_yes, (s.installed, s.verified, s.converted))))

@@ -179,7 +179,7 @@ class SuffixIndex:
                 old = table.get(key)
                 if old is None:
                     table[key] = code
-                elif type(old) is int:
+                elif isinstance(old, int):
                     table[key] = [old, code]
                 else:
                     old.append(code)
@@ -194,7 +194,7 @@ class SuffixIndex:
                     break
                 key = anchor(seq, end, n)
                 old = table[key]
-                if type(old) is int:
+                if isinstance(old, int):
                     del table[key]
                 else:
                     del old[bisect_left(old, code)]
@@ -207,7 +207,7 @@ class SuffixIndex:
         found = self.tables[level].get(key)
         if found is None:
             return []
-        codes = [found] if type(found) is int else found[: -limit - 1 : -1]
+        codes = [found] if isinstance(found, int) else found[: -limit - 1 : -1]
         out = []
         for code in codes:
             seq_id, end = divmod(code, STRIDE)
@@ -404,10 +404,10 @@ class SuffixProposer(Proposer):
         if self._cursor is None:
             moves = strong
         elif self._edit:  # waiting to realign: a short match is mostly the output's own copy of an earlier edit
-            moves = strong and found.length >= 2 * RESYNC_BELOW
+            moves = strong and found.length >= 2 * RESYNC_BELOW  # type: ignore[union-attr]  # strong: found is not None
         else:
-            moves = strong and (not expected or expected[0] != found.tokens[0])
-        if moves and found.source is not None:
+            moves = strong and (not expected or expected[0] != found.tokens[0])  # type: ignore[union-attr]  # as above
+        if moves and found is not None and found.source is not None:
             # a long match elsewhere, or the cursor lost: copying goes on from the match's occurrence
             self._cursor, self._realigned, self._edit, self._inserting = found.source, False, [], ()
             self._synced = found.length
@@ -423,6 +423,7 @@ class SuffixProposer(Proposer):
     def _cursor_draft(self, limit: int) -> list[int]:
         """The source from the cursor on, up to `limit` tokens, with this request's substitutions applied
         (the rest of one the output is inside first)."""
+        assert self._cursor is not None  # called while following a source
         seq, at = self._cursor
         out: list[int] = list(self._inserting)
         while len(out) < limit and at < len(seq):
