@@ -42,10 +42,12 @@ models: setup
 demo: models
 	$(PY) -m spekula generate --draft suffix --compare
 
-# ruff first: style and lint (pyproject.toml, [tool.ruff]), then every test
+# ruff first: style and lint (pyproject.toml, [tool.ruff]), and mypy's types over src/spekula ([tool.mypy];
+# its .mypy_cache makes a second run quick), then every test
 lint: setup
 	$(PY) -m ruff check src tests scripts
 	$(PY) -m ruff format --check src tests scripts
+	$(PY) -m mypy
 
 test: models lint
 	$(PY) -m pytest

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     # Greedy equality, and where it fails the target's top-2 logit gap there (near 0: bf16 numerics, not a bug).
     cases = [
         compare_tokens("spec", f"prompt {n % len(prompts)}", p.token_ids, s.token_ids, target, p.prompt_ids)
-        for n, (p, s) in enumerate(zip(plain_runs, spec_runs))
+        for n, (p, s) in enumerate(zip(plain_runs, spec_runs, strict=True))
     ]
     plain_stats, spec_stats = merge_stats(g.stats for g in plain_runs), merge_stats(g.stats for g in spec_runs)
     result = {

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ttft_loaded: list[float] = []
     for _ in range(args.long_repeats):
         stream = LongStream(args, model, long_ids(), headers).start()
-        wait_until(lambda: stream.first_token.is_set() or running() >= 1, "the long prompt to start")
+        # wait_until calls it before the loop moves on, so it sees this iteration's stream
+        wait_until(lambda: stream.first_token.is_set() or running() >= 1, "the long prompt to start")  # noqa: B023
         while not stream.first_token.is_set():
             latency = short()
             if not stream.first_token.is_set():
@@ -144,7 +145,7 @@ class LongStream:
         self.ttft = math.nan
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "LongStream":
+    def start(self) -> LongStream:
         self._thread.start()
         return self
 

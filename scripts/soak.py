@@ -96,7 +96,7 @@ NO_RETRY_AFTER = "429 without Retry-After"
 def _bare(model: str, extra: str, chat: bool = False) -> bytes:
     """A body as raw JSON text, for what json.dumps would not write (NaN, Infinity, nesting)."""
     head = '"messages": [{"role": "user", "content": "hi"}]' if chat else '"prompt": "hi"'
-    return ('{"model": %s, %s, "max_tokens": 4, %s}' % (json.dumps(model), head, extra)).encode()
+    return f'{{"model": {json.dumps(model)}, {head}, "max_tokens": 4, {extra}}}'.encode()
 
 
 BAD_INPUTS = {  # name -> (path, body for the served model's name); every one must be answered 4xx
@@ -276,7 +276,7 @@ async def one_request(client: httpx.AsyncClient, plan: Plan, rng: random.Random,
         outcome = "ok"
     except Answer as a:
         outcome, detail, text = a.outcome, a.detail, None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         outcome, detail, text = "lost", f"no answer within {deadline_s:g} s", None
     if outcome == "429" and detail == NO_RETRY_AFTER:
         tally.no_retry_after += 1
@@ -287,7 +287,7 @@ async def one_request(client: httpx.AsyncClient, plan: Plan, rng: random.Random,
         if text != plan.reference[prompt]:
             tally.mismatches += 1
             ref = plan.reference[prompt]
-            at = next((i for i, (a, b) in enumerate(zip(text, ref)) if a != b), min(len(text), len(ref)))
+            at = next((i for i, (a, b) in enumerate(zip(text, ref, strict=False)) if a != b), min(len(text), len(ref)))
             tally.mismatched[prompt] += 1
             tally.note(
                 "greedy:mismatch",
@@ -519,7 +519,7 @@ class OwnServer:
         self.log_path = log_path
         self.startup_s = startup_s
 
-    def __enter__(self) -> "OwnServer":
+    def __enter__(self) -> OwnServer:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         end = time.monotonic() + self.startup_s

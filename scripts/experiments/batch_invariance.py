@@ -26,9 +26,11 @@ here: each sequence gave back only its own last cell, and took it again). Not bu
 """
 
 import sys
-import torch
+
 import llama_cpp
 import llama_cpp._internals as internals
+import torch
+
 from spekula.config import BackendConfig
 from spekula.pipeline import load_model
 
@@ -63,13 +65,13 @@ for t in texts:
     seqs.append(s)
 nxt = [codec.encode(" and")[0]] * 16
 solo = []
-for s, t in zip(seqs, nxt):
+for s, t in zip(seqs, nxt, strict=True):
     solo.append(s.forward([t]))
     s.truncate(s.length - 1)
 for B in (2, 3, 4, 5, 8, 12, 16):
     out = backend.forward_batch(seqs[:B], [[t] for t in nxt[:B]], [1] * B)
-    same = sum(torch.equal(o, e) for o, e in zip(out, solo[:B]))
-    diff = max(float((o - e).abs().max()) for o, e in zip(out, solo[:B]))
+    same = sum(torch.equal(o, e) for o, e in zip(out, solo[:B], strict=True))
+    diff = max(float((o - e).abs().max()) for o, e in zip(out, solo[:B], strict=True))
     equal = f"{same}/{B} bitwise equal to alone"
     print(f"repack {sys.argv[1]}: batch of {B} one-row sequences: {equal}, max |diff| {diff:.2e}")
     for s in seqs[:B]:

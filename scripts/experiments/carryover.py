@@ -55,7 +55,7 @@ def main(paths: list[str]) -> None:
             (r for r in result["requests"] if not r.get("error")), key=lambda r: (r["repeat"], r["order"])
         )
         before = {}  # id(request) -> the contender whose request ran right before it (the run's order, not the block's)
-        for previous, r in zip([None, *requests], requests):
+        for previous, r in zip([None, *requests], requests, strict=False):
             same_repeat = previous is not None and previous["repeat"] == r["repeat"]
             before[id(r)] = previous["config"] if same_repeat else "nothing"  # caches are forgotten between repeats
         blocks: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)

@@ -99,4 +99,4 @@ for block in range(12):
                 ll.eval([token])
         ms[name].append((time.perf_counter() - start) / 16 * 1000)
 for name, values in ms.items():
-    print(f"{name}: ms per one-token pass {['%.2f' % x for x in values]}, median {statistics.median(values):.2f}")
+    print(f"{name}: ms per one-token pass {[f'{x:.2f}' for x in values]}, median {statistics.median(values):.2f}")

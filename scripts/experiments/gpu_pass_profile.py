@@ -23,10 +23,10 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "scripts")]
 
-import gpu_bench  # noqa: E402
-
 from spekula.backends.native import NativeBackend, Transformer  # noqa: E402
 from spekula.config import BackendConfig  # noqa: E402
+
+import gpu_bench  # noqa: E402
 
 CONTEXT = 48
 WIDTHS = (1, 2, 5, 9, 17)

@@ -87,7 +87,7 @@ class ReplayBackend(Backend):
         self._sequence = [*prompt, *tokens]
         self.widths = []
 
-    def new_sequence(self) -> "ReplaySequence":
+    def new_sequence(self) -> ReplaySequence:
         return ReplaySequence(self)
 
 

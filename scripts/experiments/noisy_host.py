@@ -55,12 +55,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ngram_replay as nr  # noqa: E402
-
 from spekula.config import SamplingParams, SpecConfig, StopConfig  # noqa: E402
 from spekula.cost import CostModel  # noqa: E402
 from spekula.engine import Engine  # noqa: E402
 from spekula.proposers import build_proposer  # noqa: E402
+
+import ngram_replay as nr  # noqa: E402
 
 AVX512 = "1:0.0285,2:0.0516,3:0.0662,4:0.0786,5:0.106,8:0.1435,9:0.1414,12:0.1647,13:0.1802,16:0.1484,17:0.2032"
 NOISE = (1.0, 1.2)

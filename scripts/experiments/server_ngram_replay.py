@@ -42,8 +42,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ngram_replay  # noqa: E402  (a sibling experiment: the replay target, requests, engine runs)
-
 from spekula.config import K_MAX, SamplingParams, SpecConfig  # noqa: E402
 from spekula.control import FixedK  # noqa: E402
 from spekula.cost import CostModel  # noqa: E402
@@ -52,6 +50,8 @@ from spekula.noise import PositionalNoise  # noqa: E402
 from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory  # noqa: E402
 from spekula.proposers.suffix import SuffixConfig, SuffixFactory  # noqa: E402
 from spekula.verify import Verdict  # noqa: E402
+
+import ngram_replay  # noqa: E402  (a sibling experiment: the replay target, requests, engine runs)
 
 MOD_SIZE = 4 * 1024 * 1024  # entries of ngram-mod's pool (common/speculative.cpp:1876)
 MOD_MULTIPLIER = 6364136223846793005  # its hash (common/ngram-mod.cpp:53-63), on 64-bit size_t
@@ -170,7 +170,7 @@ class ServerRuleProposer(Proposer):
 
     free_to_draft = True
 
-    def __init__(self, factory: "ServerRuleFactory") -> None:
+    def __init__(self, factory: ServerRuleFactory) -> None:
         self.factory = factory
         self._last: tuple[int, list[int]] | None = None
 
@@ -395,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     for group, by_name in out.items():
         cells = [by_name[n] for n in names]
         alpha = [f"{c['alpha']:.2f}" if c["alpha"] is not None else "-" for c in cells]
-        print(f"{group} | " + " | ".join(f"{c['speedup']:.3f}x, {c['tau']:.2f}, {a}" for c, a in zip(cells, alpha)))
+        print(
+            f"{group} | "
+            + " | ".join(f"{c['speedup']:.3f}x, {c['tau']:.2f}, {a}" for c, a in zip(cells, alpha, strict=True))
+        )
     print(json.dumps({"prompts": len(requests), "simple": args.simple, "mod": args.mod, "summary": out}))
     return 0
 

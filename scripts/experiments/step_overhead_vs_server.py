@@ -173,12 +173,12 @@ def compute_and_gaps(
     if len(regions) < 2:
         raise ValueError("a gap needs two passes")
     compute = statistics.median(b - a for a, b in regions) / 1e6
-    gap = statistics.median(nxt[0] - cur[1] for cur, nxt in zip(regions, regions[1:])) / 1e6
+    gap = statistics.median(nxt[0] - cur[1] for cur, nxt in zip(regions, regions[1:], strict=False)) / 1e6
     if not decode_s:
         return compute, gap, None
     if len(decode_s) != len(regions):
         raise ValueError(f"{len(decode_s)} llama_decode calls for {len(regions)} passes")
-    around = statistics.median(1000 * s - (b - a) / 1e6 for s, (a, b) in zip(decode_s, regions))
+    around = statistics.median(1000 * s - (b - a) / 1e6 for s, (a, b) in zip(decode_s, regions, strict=True))
     return compute, gap, around
 
 
@@ -285,7 +285,7 @@ class LlamaServer:
         self.argv, self.url, self.log, self.env = argv, f"http://127.0.0.1:{port}", log, env
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env)
         return self
@@ -407,7 +407,7 @@ def run_width(width: int, args, env: dict, pipe, ids: list[int], timer: DecodeTi
             steps, emitted, start, end = spekula_request(pipe, ids, args.tokens, timer, f"w{width}-r{r}")
             runs["spekula"].append(own.measure(steps, start, end, min_ns, emitted))
     rows = [summarize(label, width, measured) for label, measured in runs.items()]
-    same = sum(a.tokens == b.tokens for a, b in zip(runs["llama-server"], runs["spekula"]))
+    same = sum(a.tokens == b.tokens for a, b in zip(runs["llama-server"], runs["spekula"], strict=True))
     for row in rows:
         row["same_tokens"] = same
     return rows

@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine  # noqa: E402
-
 from spekula.config import SamplingParams, SpecConfig, StopConfig  # noqa: E402
 from spekula.cost import CostModel, draft_source  # noqa: E402
 from spekula.proposers.base import NO_DRAFT  # noqa: E402
 from spekula.trace import ListTrace  # noqa: E402
+
+from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine  # noqa: E402
 
 
 def run(engine, request: Request) -> tuple[float, dict[str, list[int]]]:

@@ -129,6 +129,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             divergence = find_divergence(base.token_ids, result.token_ids, plain_log, spec_log, pipe.codec.decode)
             out["divergence"] = divergence.to_dict() if divergence is not None else None
             if promise.kind == NEAR_TIES:  # where this run could have parted from plain decoding, listed
+                assert spec_log is not None  # --compare recorded it
                 ties = near_ties(spec_log, len(result.token_ids))
                 out["near_ties"] = {"gap": NEAR_TIE_GAP, "positions": [{"position": p, "top2_gap": g} for p, g in ties]}
     if args.json:

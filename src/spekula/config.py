@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from spekula.errors import ConfigError
 
@@ -18,13 +19,13 @@ from spekula.errors import ConfigError
 K_MAX = 16
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An integer, and not a bool (to Python True is the integer 1; to a user it is never a count).
     The one such check: every option, request field and file field that takes an integer uses it."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
     """A finite int or float, and not a bool (NaN passes no range check, so it must fail this one)."""
     return is_int(value) or (isinstance(value, float) and math.isfinite(value))  # an int of any size is finite
 

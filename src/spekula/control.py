@@ -200,7 +200,7 @@ class AdaptiveK(Controller):
         if k > 0:
             return f"plain: k={k} would not win back a cold draft's catch-up"
         speedups = self.costs.speedups(alpha, cap)
-        best, j = max(zip(speedups[1:], range(1, len(speedups))))  # ties to the longer draft
+        best, j = max(zip(speedups[1:], range(1, len(speedups)), strict=True))  # ties to the longer draft
         return f"plain: best k={j} predicts {best:.2f}x"
 
     def _how_far(self, alpha: Sequence[float], draft_class: str | None = None) -> tuple[int, float]:

@@ -24,6 +24,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from spekula.config import K_MAX
 
@@ -116,9 +117,10 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
         return 1.0
     rates = _by_position(alpha)
     if rates is None:
-        if alpha >= 1.0:
+        rate = cast(float, alpha)  # _by_position: one rate for all
+        if rate >= 1.0:
             return k + 1.0
-        return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        return (1.0 - rate ** (k + 1)) / (1.0 - rate)
     total, reach, last = 1.0, 1.0, len(rates) - 1
     for i in range(k):
         reach *= rates[min(i, last)]
@@ -129,7 +131,7 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
 def _rate(alpha: float | Sequence[float], i: int) -> float:
     """The chance draft position i (from 0) is accepted given every earlier one was (expected_tokens' alpha)."""
     rates = _by_position(alpha)
-    return alpha if rates is None else rates[min(i, len(rates) - 1)]
+    return cast(float, alpha) if rates is None else rates[min(i, len(rates) - 1)]
 
 
 def _by_position(alpha: float | Sequence[float]) -> Sequence[float] | None:
@@ -254,7 +256,8 @@ class CostModel:
         rates = self.acceptance.setdefault(draft_class, [None] * POSITIONS)
         for i in range(num_accepted + rejected):
             j = min(i, POSITIONS - 1)
-            old = rates[j] if rates[j] is not None else self.prior_acceptance(draft_class)[j]  # as updated so far
+            rate = rates[j]
+            old = rate if rate is not None else self.prior_acceptance(draft_class)[j]  # as updated so far
             rates[j] = (1 - CLASS_EMA) * old + CLASS_EMA * (i < num_accepted)
         self.alpha = (1 - EMA) * self.alpha + EMA * num_accepted / (num_accepted + rejected)
 
@@ -328,11 +331,11 @@ class CostModel:
         costs = self._costs_up_to(k_max + 1)
         by_position = _by_position(alpha)  # _rate(alpha, k - 1) for k = 1 .. k_max, made once
         if by_position is None:
-            by_position = [alpha] * k_max
+            by_position = [cast(float, alpha)] * k_max
         elif len(by_position) < k_max:
             by_position = [*by_position, *[by_position[-1]] * (k_max - len(by_position))]
         out, tokens, gain, per_draft = [1.0 / costs[1]], 1.0, 1.0, self.draft_s_per_token
-        for k, rate_k, cost in zip(range(1, k_max + 1), by_position, costs[2 : k_max + 2]):
+        for k, rate_k, cost in zip(range(1, k_max + 1), by_position, costs[2 : k_max + 2], strict=False):
             gain *= rate_k
             tokens += gain
             out.append(tokens / (cost + k * per_draft))
@@ -387,7 +390,9 @@ class CostModel:
         while heap:
             minus_gain, i, k = heapq.heappop(heap)
             tokens, drafted, ks[i] = tokens - minus_gain, drafted + 1, k + 1
-            alpha, cap = outlooks[i]
+            outlook = outlooks[i]
+            assert outlook is not None  # only sequences with an outlook entered the heap
+            alpha, cap = outlook
             if k + 1 < cap:  # the next token's gain: this one's, times the chance the next is accepted too
                 heapq.heappush(heap, (minus_gain * _rate(alpha, k + 1), i, k + 1))
             rate = tokens / (self.target_cost(B + drafted) + drafted * self.draft_s_per_token)

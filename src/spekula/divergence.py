@@ -57,7 +57,7 @@ def ranked(logits: torch.Tensor, k: int = TOP_K) -> list[Ranked]:
     """logits [R, V] -> per row, the best min(k, V) tokens and how far each trails the best."""
     top = torch.topk(logits.float(), min(k, logits.shape[-1]), dim=-1)  # values, indices: [R, k]
     leads = top.values[:, :1] - top.values  # [R, k], 0 for the best
-    return [list(zip(ids.tolist(), lead.tolist())) for ids, lead in zip(top.indices, leads)]
+    return [list(zip(ids.tolist(), lead.tolist(), strict=True)) for ids, lead in zip(top.indices, leads, strict=True)]
 
 
 def top2_gap(row: Ranked) -> float | None:
@@ -214,7 +214,7 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     """Index of the first element where a and b differ (one ending counts), None if equal."""
     if list(a) == list(b):
         return None
-    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def find_divergence(

@@ -18,7 +18,7 @@ step's pass also carries what is left of the prompt, in front of the pending tok
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -97,7 +97,7 @@ class Engine:
         controller: Controller | None = None,
         namespace: str = "",
         plain: bool = False,
-    ) -> "Generation":
+    ) -> Generation:
         """Start a request. Iterate the result to run it step by step (each item: the new token ids).
 
         controller: chooses k before each step; default: the engine's (from SpecConfig).
@@ -143,7 +143,8 @@ class Generation:
         # depend on k, batching or the proposer (spekula.noise, spekula.verify).
         self.noise = request_noise(sampling.seed)
         self.stop_ids = set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(engine.target.eos_token_ids))
-        self.target_sequence = None  # opened by the first prefill chunk (the first plan() prefills in one)
+        # opened by the first prefill chunk (the first plan() prefills in one)
+        self.target_sequence: Sequence | None = None
         self.proposer: Proposer | None = None
         self.plain = plain  # no proposer for this request (Engine.generate's plain)
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
@@ -173,13 +174,13 @@ class Generation:
         layer sets finish_reason) or close(). Known right after the complete() that got there."""
         return self.finish_reason is not None
 
-    def run(self) -> "Generation":
+    def run(self) -> Generation:
         """Run to the end (no streaming)."""
         for _ in self._steps:
             pass
         return self
 
-    def _run(self) -> Iterator[list[int]]:
+    def _run(self) -> Generator[list[int], None, None]:
         try:
             while (step := self.plan()) is not None:
                 emitted = self.complete(step, step.score())
@@ -214,11 +215,12 @@ class Generation:
 
     def _budget(self) -> int:
         """Tokens this request may still emit: max_tokens, and room in the target's context."""
+        assert self.target_sequence is not None  # opened by the first prefill chunk, before any step
         return min(
             self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(self._committed)
         )
 
-    def plan(self, k: int | None = None) -> "PlannedStep | None":
+    def plan(self, k: int | None = None) -> PlannedStep | None:
         """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
         score pass must run. None when the request is finished. What prefill() has not prefilled of
         the prompt goes into the first step's pass, in front of the pending token and the draft (one
@@ -255,6 +257,7 @@ class Generation:
         draft = self._draft(proposer, committed, k)
         if k == 0:
             self._open_shadow(proposer, committed, draft_class)
+        assert self.target_sequence is not None  # _budget() checked
         return PlannedStep(
             self.target_sequence,
             [*prompt, committed[-1], *draft.tokens],
@@ -269,7 +272,7 @@ class Generation:
             prompt=len(prompt),
         )
 
-    def complete(self, step: "PlannedStep", logits: torch.Tensor, score_s: float | None = None) -> list[int]:
+    def complete(self, step: PlannedStep, logits: torch.Tensor, score_s: float | None = None) -> list[int]:
         """Stages 3-5 from the target's logits [k' + 1, V]: accept, resample, advance. Returns the
         token ids to emit. score_s: what the pass cost (default: from plan to now, i.e. a lone pass)."""
         stats, controller, draft, k = self.stats, self.controller, step.draft, step.k
@@ -301,6 +304,7 @@ class Generation:
             stats.accept_s += t3 - t2
             stats.advance_s += t4 - t3
         if stats.ttft_s is None:
+            assert self._start_time is not None  # set by _open, with the first prefill chunk
             stats.ttft_s = t4 - self._start_time
         if self.recorder is not None:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
@@ -335,7 +339,7 @@ class Generation:
         """The next plan() can run: the prompt is prefilled, or its last chunk was folded into it."""
         return self._prefill_done or self._folded is not None
 
-    def fold(self, chunk: "PrefillChunk") -> None:
+    def fold(self, chunk: PrefillChunk) -> None:
         """Leave the prompt's last chunk (from prefill_chunk(), not run) to the first step's pass: one
         pass prefills it and scores the pending token and the draft, as a batching server's round does
         with a request whose prompt finishes in it."""
@@ -361,7 +365,7 @@ class Generation:
         self.prefill_chunk(budget).run()
         return self.prefilled()
 
-    def prefill_chunk(self, budget: int | None = None) -> "PrefillChunk":
+    def prefill_chunk(self, budget: int | None = None) -> PrefillChunk:
         """The next piece of the prompt for the target, at most `budget` tokens (None: all that are
         left), as a pass to run: alone (chunk.run()) or with other requests' chunks in one batched
         forward; then call prefilled(). The first call opens the caches and starts the request's clock.
@@ -372,6 +376,7 @@ class Generation:
             raise RuntimeError("the prompt is prefilled already")
         if self.target_sequence is None:
             self._open()
+        assert self.target_sequence is not None  # _open opened it
         # what a request running beside this one has prefilled of the same prompt (a server's batch)
         self.stats.cached_tokens += self.engine.prompt_cache.borrow(self.target_sequence, self._committed[:-1])
         start = self.target_sequence.length
@@ -385,6 +390,7 @@ class Generation:
         that pass too)."""
         left = self.prefill_left
         if left == 0 and not self._prefill_done:
+            assert self._start_time is not None  # set by _open, with the first prefill chunk
             self._prefill_done = True
             self.stats.prefill_s = time.perf_counter() - self._start_time
         return left
@@ -557,7 +563,7 @@ def _step_record(
             "position": n,
             "token": token,
             "why": why,
-            "target_top5": [[int(i), float(v)] for v, i in zip(top_p, top_ids)],
+            "target_top5": [[int(i), float(v)] for v, i in zip(top_p, top_ids, strict=True)],
         }
     kind = "plain" if not len(draft) else ("bonus" if verdict.bonus else "recovered")
     return StepRecord(

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import shutil
-import tarfile
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path

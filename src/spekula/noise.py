@@ -64,7 +64,7 @@ class PositionalNoise:
     offset: int = 0
 
     @classmethod
-    def from_seed(cls, seed: int) -> "PositionalNoise":
+    def from_seed(cls, seed: int) -> PositionalNoise:
         return cls(_mix64(seed & _MASK64))
 
     def uniform(self, i: int) -> float:
@@ -74,7 +74,7 @@ class PositionalNoise:
             raise ValueError(f"an output position is >= 0, got {position}")
         return (_mix64((self.key + (position + 1) * _GAMMA) & _MASK64) >> 11) * _UNIT
 
-    def at(self, offset: int) -> "PositionalNoise":
+    def at(self, offset: int) -> PositionalNoise:
         """The same numbers seen from `offset` positions further on."""
         return PositionalNoise(self.key, self.offset + offset)
 

@@ -129,7 +129,7 @@ class Pipeline:
         spec: SpecConfig = SpecConfig(),
         backend: BackendConfig | None = None,
         draft_backend: BackendConfig | None = None,
-    ) -> "Pipeline":
+    ) -> Pipeline:
         """backend: how the target runs (default: default_runtime's choice). draft_backend: how the draft
         runs (default: like the target). Mixed pairs are fine: the guarantee rests on the target's
         probabilities only, so a quantised llama.cpp draft may serve a bf16 PyTorch target as long as

@@ -79,6 +79,7 @@ class PromptCache:
             self._kept.pop(1 if best == 0 else 0).release()
         borrows = shares_cells and self.backend.spare_sequences() != 0
         if useful and not borrows:
+            assert best is not None  # useful says so
             kept = self._kept.pop(best)
             kept.truncate(shares[best])
             self.hits += 1

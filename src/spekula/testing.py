@@ -31,7 +31,7 @@ class FunctionBackend(Backend):
         self.passes = 0  # forward calls, for tests that count target passes
         self.tokens_fed = 0  # tokens run through the model, for tests that check cache reuse
 
-    def new_sequence(self) -> "FunctionSequence":
+    def new_sequence(self) -> FunctionSequence:
         return FunctionSequence(self)
 
 

@@ -23,7 +23,7 @@ class TextCodec:
         self.tokenizer = tokenizer
 
     @classmethod
-    def load(cls, path: str | Path) -> "TextCodec":
+    def load(cls, path: str | Path) -> TextCodec:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer
@@ -39,6 +39,7 @@ class TextCodec:
         if messages is None and not chat:
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         if messages is None:
+            assert prompt is not None  # checked above
             messages = [{"role": "user", "content": prompt}]
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(

@@ -114,7 +114,7 @@ class Served:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> "Served":
+    def __enter__(self) -> Served:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

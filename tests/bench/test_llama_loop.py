@@ -78,7 +78,10 @@ class TableLlama:
         assert temp == 0.0 and repeat_penalty == 1.0 and reset
         tokens = list(tokens)
         kept = self.input_ids[: self.n_tokens].tolist()
-        reused = next((i for i, (a, b) in enumerate(zip(kept, tokens[:-1])) if a != b), min(len(kept), len(tokens) - 1))
+        reused = next(
+            (i for i, (a, b) in enumerate(zip(kept, tokens[:-1], strict=False)) if a != b),
+            min(len(kept), len(tokens) - 1),
+        )
         self.reused_at_call.append(reused)
         seq = self.backend.new_sequence()  # the table's logits depend on the prefix only: recompute it all
         try:

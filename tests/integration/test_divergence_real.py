@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from spekula.cli import main
-
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.divergence import NEAR_TIE, NEAR_TIE_GAP, TopLog, find_divergence
 from spekula.engine import Engine

@@ -124,11 +124,11 @@ def test_batched_forward_equals_one_at_a_time(smollm2):
     singles = [native_smollm2.new_sequence().forward(p, num_logits=1) for p in prompts]
     seqs = [native_smollm2.new_sequence() for _ in prompts]
     batched = native_smollm2.forward_batch(seqs, prompts, num_logits=[1, 1, 1])
-    for one, many in zip(singles, batched):
+    for one, many in zip(singles, batched, strict=True):
         close(many, one)
     nexts = [[int(x.argmax())] for x in batched]
     step = native_smollm2.forward_batch(seqs, nexts)
-    for seq, p, n, out in zip(seqs, prompts, nexts, step):
+    for seq, p, n, out in zip(seqs, prompts, nexts, step, strict=True):
         close(out, native_smollm2.new_sequence().forward(p + n, num_logits=1))
         assert seq.tokens == p + n
 

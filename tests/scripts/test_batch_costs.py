@@ -8,9 +8,10 @@ import argparse
 import json
 
 import pytest
-from scriptkit import loaded
 
 from spekula.backends import llamacpp
+
+from scriptkit import loaded
 
 
 @pytest.fixture(scope="module")

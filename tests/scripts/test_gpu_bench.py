@@ -8,11 +8,11 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-from scriptkit import SCRIPTS, loaded
 
 from spekula.backends.native_loader import args_from_hf_config
 from spekula.models.cache import hf_root
 
+from scriptkit import SCRIPTS, loaded
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

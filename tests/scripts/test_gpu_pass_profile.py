@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from scriptkit import loaded
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from scriptkit import loaded
 
 from spekula.bench.workloads import TURN, builtin_workload
+
+from scriptkit import loaded
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ acceptance by draft class is measured, and docs/BENCHMARKS.md as where the oracl
 
 from __future__ import annotations
 
-
 import pytest
-from scriptkit import loaded
 
 from spekula.config import SpecConfig
 from spekula.control import FixedK
 from spekula.cost import CostModel
+
+from scriptkit import loaded
 
 VOCAB, EOS = 64, 63
 

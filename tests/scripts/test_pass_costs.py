@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from scriptkit import loaded
 
 from spekula.testing import FunctionSequence, random_table_backend
+
+from scriptkit import loaded
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import sys
 
-from pipelinekit import fake_pipeline
-from scriptkit import loaded
-
 from spekula.server.app import create_app
 from spekula.server.background import serving
 from spekula.server.settings import ServerSettings
+
+from pipelinekit import fake_pipeline
+from scriptkit import loaded
 
 DELAY_S = 0.02
 

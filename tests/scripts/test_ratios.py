@@ -6,6 +6,7 @@ import gzip
 import json
 
 import pytest
+
 from scriptkit import loaded
 
 

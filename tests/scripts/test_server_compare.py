@@ -98,7 +98,7 @@ def test_llama_server_baselines_share_the_gguf_threads_and_a_context_per_slot():
     env = {"LLAMA_SERVER_SPECS": "none ngram-simple ngram-mod", "LLAMA_SERVER": "/bin/llama-server", "THREADS": "2"}
     planned = baselines(4, **env)
     assert list(planned) == ["llama-server", "llama-server ngram-simple", "llama-server ngram-mod"]
-    for name, (environ, argv) in planned.items():
+    for environ, argv in planned.values():
         assert argv[0] == "/bin/llama-server" and value(argv, "-m") == "/models/m.gguf"
         assert value(argv, "-t") == value(argv, "-tb") == "2"
         assert value(argv, "-np") == "4" and value(argv, "-c") == str(4 * 4096)  # -np: the run's concurrency

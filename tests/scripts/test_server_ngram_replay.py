@@ -7,6 +7,7 @@ llama-server cannot. The script's `--live` check compares the ports with llama-s
 from __future__ import annotations
 
 import pytest
+
 from scriptkit import loaded
 
 VOCAB, EOS = 64, 63

@@ -14,12 +14,13 @@ import os
 
 import httpx
 import pytest
-from pipelinekit import fake_pipeline
-from scriptkit import loaded
 
 from spekula.server.app import create_app
 from spekula.server.background import serving
 from spekula.server.settings import ServerSettings
+
+from pipelinekit import fake_pipeline
+from scriptkit import loaded
 
 
 @pytest.fixture(scope="module")

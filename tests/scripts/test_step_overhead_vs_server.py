@@ -5,6 +5,7 @@ needs llama-server and the model; docs/decisions/0007-llama-server-ngram.md cite
 from __future__ import annotations
 
 import pytest
+
 from scriptkit import loaded
 
 MS = 1_000_000  # nanoseconds

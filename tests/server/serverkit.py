@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipelinekit import EOS, MODEL, VOCAB, ByteTokenizer, SlowBackend, fake_pipeline, native_pipeline, printable_table
-
 from spekula.server.background import Running, serving  # re-exported for the tests
+
+from pipelinekit import EOS, MODEL, VOCAB, ByteTokenizer, SlowBackend, fake_pipeline, native_pipeline, printable_table
 
 __all__ = [
     "native_pipeline",

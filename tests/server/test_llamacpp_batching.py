@@ -51,7 +51,7 @@ def test_the_default_attention_kernel_agrees_to_rounding(monkeypatch):
     together = [backend.new_sequence() for _ in ids]
     backend.forward_batch(together, ids, [1, 1])
     stepped = backend.forward_batch(together, [[11, 22, 33], [44, 55]])
-    for prompt, block, logits in zip(ids, [[11, 22, 33], [44, 55]], stepped):
+    for prompt, block, logits in zip(ids, [[11, 22, 33], [44, 55]], stepped, strict=True):
         alone = backend.new_sequence()
         assert alone.context is not backend._shared
         alone.forward(prompt, 1)
@@ -69,8 +69,8 @@ def test_one_pass_over_several_sequences_gives_each_its_own_logits(batched):
     prefill = backend.forward_batch(together, ids, [1, 1, 1])
     blocks = [[11, 22, 33], [44, 55], [66]]  # one verify step each, of different widths
     stepped = backend.forward_batch(together, blocks)
-    assert [s.length for s in together] == [len(i) + len(b) for i, b in zip(ids, blocks)]
-    for prompt, block, first, logits in zip(ids, blocks, prefill, stepped):
+    assert [s.length for s in together] == [len(i) + len(b) for i, b in zip(ids, blocks, strict=True)]
+    for prompt, block, first, logits in zip(ids, blocks, prefill, stepped, strict=True):
         alone = backend.new_sequence()  # a fourth sequence: its own context, outside the shared one
         assert alone.context is not backend._shared
         assert torch.equal(alone.forward(prompt, 1), first)

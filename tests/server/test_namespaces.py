@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 
 import httpx
-from serverkit import EOS, MODEL, VOCAB, ByteTokenizer, SlowBackend, printable_table, serving
 
 from spekula.config import SpecConfig
 from spekula.pipeline import Pipeline
@@ -17,6 +16,8 @@ from spekula.server.metrics import ServerMetrics
 from spekula.server.settings import ServerSettings
 from spekula.server.state import ServerState
 from spekula.text import TextCodec
+
+from serverkit import EOS, MODEL, VOCAB, ByteTokenizer, SlowBackend, printable_table, serving
 
 WAIT = 20.0
 KEY = "s3cret-key"

@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-from serverkit import fake_pipeline, native_pipeline
 
 from spekula.backends.native import NativeBackend
 from spekula.config import BackendConfig, SamplingParams, StopConfig
@@ -22,6 +21,8 @@ from spekula.errors import ConfigError
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Failed, Finished, Job, Scheduler
 from spekula.server.settings import ServerSettings
+
+from serverkit import fake_pipeline, native_pipeline
 
 WAIT = 20.0  # seconds close() may take before the test fails
 CHUNK = 16
@@ -168,7 +169,7 @@ def test_a_stream_of_short_prompts_does_not_starve_a_long_one(kind, recorded):
     assert sum(n for _, n in long_chunks) == len(long_ids) - 1
     rounds = [r for r, _ in long_chunks]
     assert rounds[-1] < log.chunks_of(submitted[-1])[0][0]  # in before the stream of short prompts ends
-    assert all(b - a <= 2 for a, b in zip(rounds, rounds[1:]))  # never held back two rounds running
+    assert all(b - a <= 2 for a, b in zip(rounds, rounds[1:], strict=False))  # never held back two rounds running
     tail = long_chunks[-8:]  # first by then: a full chunk in every round (its last may be shorter)
     assert [r for r, _ in tail] == list(range(tail[0][0], tail[0][0] + 8))
     assert all(n == CHUNK for _, n in tail[:-1])
@@ -214,7 +215,7 @@ def test_a_chunk_rides_in_the_pass_of_the_requests_decoding(recorded, monkeypatc
 
     def counted(self, sequences, token_lists, num_logits=None, block_masks=None):
         if self is pipe.target:
-            passes.append([(len(t), n) for t, n in zip(token_lists, num_logits)])
+            passes.append([(len(t), n) for t, n in zip(token_lists, num_logits, strict=True)])
         return forward_batch(self, sequences, token_lists, num_logits, block_masks)
 
     monkeypatch.setattr(NativeBackend, "forward_batch", counted)

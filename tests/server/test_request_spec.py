@@ -10,12 +10,13 @@ import json
 
 import httpx
 import pytest
-from serverkit import MODEL, fake_pipeline, serving
 
 from spekula.cost import CostModel
 from spekula.divergence import NEAR_TIES, guarantee
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
+
+from serverkit import MODEL, fake_pipeline, serving
 
 WAIT = 20.0  # seconds any single request may take before the test fails
 CHAT = [{"role": "user", "content": "draft or not"}]

@@ -12,7 +12,6 @@ import threading
 from dataclasses import dataclass, field
 
 import pytest
-from serverkit import fake_pipeline, native_pipeline
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.cost import CostModel
@@ -20,6 +19,8 @@ from spekula.engine import Generation
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Event, Finished, Job, Scheduler
 from spekula.server.schemas import Speculation
+
+from serverkit import fake_pipeline, native_pipeline
 
 WAIT = 20.0  # seconds close() may take before the test fails
 
@@ -150,7 +151,7 @@ def test_a_request_is_finished_in_the_round_it_finishes(kind):
     pipe = PIPELINES[kind](4)
     requests = [Request("short", 6), Request("and a long one", 40, ignore_eos=True)]
     short, long = run(pipe, requests)
-    for outcome, request in zip((short, long), requests):
+    for outcome, request in zip((short, long), requests, strict=True):
         ids = pipe.codec.encode(request.prompt)
         plain = pipe.generate(ids, request.sampling, request.stop_config, plain=True)
         stats = outcome.finished.stats
@@ -246,7 +247,7 @@ def test_in_a_batch_a_request_s_own_spec_is_kept(monkeypatch):
     assert set(auto.k_chosen) == set(other.k_chosen) == {0}  # the batch rule: a draft that fails never pays
     assert max(fixed.k_chosen) == 3 and fixed.drafted > 0 and fixed.accepted == fixed.drafted  # its own k
     assert set(plain.k_chosen) == {0} and plain.drafted == 0
-    for r, outcome in zip(requests, outcomes):  # greedy: each the text of plain decoding alone
+    for r, outcome in zip(requests, outcomes, strict=True):  # greedy: each the text of plain decoding alone
         alone = pipe.generate(pipe.codec.encode(r.prompt), SamplingParams(), r.stop_config, plain=True)
         assert outcome.text == alone.text
 

@@ -13,12 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serverkit import MODEL, fake_pipeline, native_pipeline, serving
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.cost import CostModel
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
+
+from serverkit import MODEL, fake_pipeline, native_pipeline, serving
 
 WAIT = 20.0  # seconds any single wait may take before the test fails
 
@@ -129,7 +130,8 @@ def test_sixteen_concurrent_clients_each_get_their_sequential_answer():
         SamplingParams() if i % 2 == 0 else SamplingParams(temperature=0.9, top_p=0.95, seed=i) for i in range(16)
     ]
     expected = [
-        plain_reference(pipe, pipe.codec.encode(p), 40, s, plain=s.greedy).text for p, s in zip(prompts, sampling)
+        plain_reference(pipe, pipe.codec.encode(p), 40, s, plain=s.greedy).text
+        for p, s in zip(prompts, sampling, strict=True)
     ]
     with serving(create_app(pipe, ServerSettings(max_running=8, max_queue=16))) as running:
         c = client(running.url)
@@ -161,7 +163,8 @@ def test_continuous_batching_gives_every_client_its_sequential_answer(k):
     prompts = [f"batch {i}: " + "ab" * i for i in range(12)]
     sampling = [SamplingParams() if i % 3 or k is None else SamplingParams(temperature=0.8, seed=i) for i in range(12)]
     expected = [
-        plain_reference(pipe, pipe.codec.encode(p), 24, s, plain=s.greedy).text for p, s in zip(prompts, sampling)
+        plain_reference(pipe, pipe.codec.encode(p), 24, s, plain=s.greedy).text
+        for p, s in zip(prompts, sampling, strict=True)
     ]
     with serving(create_app(pipe, ServerSettings(max_running=8, max_queue=16))) as running:
         assert running.scheduler.batching

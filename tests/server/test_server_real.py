@@ -12,12 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serverkit import serving
 
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.pipeline import Pipeline
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
+
+from serverkit import serving
 
 pytestmark = pytest.mark.model
 TARGET = "smollm2-135m"

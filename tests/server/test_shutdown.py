@@ -27,11 +27,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverkit import MODEL
 
 from spekula.server.app import Gate
 from spekula.server.metrics import ServerMetrics
 from spekula.server.shutdown import Drain
+
+from serverkit import MODEL
 
 WAIT = 30.0  # seconds any single wait may take before the test fails
 TESTS = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SKIPPED = ("__pycache__", ".pytest_cache", ".ruff_cache")
+SKIPPED = ("__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache")
 CODE_SUFFIXES = {".py", ".sh", ".md"}
 TEXT_SUFFIXES = CODE_SUFFIXES | {".txt", ".json", ".jsonl", ".log", ".toml", ".gz"}
 

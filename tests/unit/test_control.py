@@ -4,8 +4,6 @@ import dataclasses
 
 import pytest
 
-from costkit import compute_bound, memory_bound
-
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK, FixedK
 from spekula.cost import HALF_LIFE, CostModel, base_acceptance, match_length
@@ -14,6 +12,8 @@ from spekula.proposers import DraftModelFactory, NgramFactory
 from spekula.proposers.base import NO_DRAFT
 from spekula.testing import random_table_backend
 from spekula.trace import JsonlTrace, ListTrace
+
+from costkit import compute_bound, memory_bound
 
 
 def test_controller_turns_speculation_off_then_probes_and_recovers():

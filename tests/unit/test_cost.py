@@ -5,8 +5,6 @@ from collections.abc import Sequence
 
 import pytest
 
-from costkit import compute_bound, memory_bound
-
 from spekula.config import SpecConfig
 from spekula.cost import (
     AFTER_EDIT,
@@ -24,6 +22,8 @@ from spekula.cost import (
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory
 from spekula.testing import random_table_backend
+
+from costkit import compute_bound, memory_bound
 
 
 def test_expected_tokens_formula():
@@ -85,7 +85,7 @@ def test_in_a_batch_each_request_drafts_what_its_own_acceptance_pays_for():
     assert ks[0] == 0 and ks[1] <= 2
 
     def rate(outlooks, ks):
-        tokens = sum(1.0 if o is None else expected_tokens(o[0], k) for o, k in zip(outlooks, ks))
+        tokens = sum(1.0 if o is None else expected_tokens(o[0], k) for o, k in zip(outlooks, ks, strict=True))
         return tokens / c.target_cost(sum(ks) + len(ks))
 
     # the best of every combination, on mixed batches of three

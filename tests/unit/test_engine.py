@@ -134,7 +134,7 @@ def test_per_position_acceptance_is_consistent():
     )
     s = g.stats
     assert sum(s.drafted_per_position) == s.drafted and sum(s.accepted_per_position) == s.accepted
-    assert all(a <= d for a, d in zip(s.accepted_per_position, s.drafted_per_position))
+    assert all(a <= d for a, d in zip(s.accepted_per_position, s.drafted_per_position, strict=True))
     assert s.drafted_per_position == sorted(s.drafted_per_position, reverse=True)
 
 

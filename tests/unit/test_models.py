@@ -13,8 +13,7 @@ from types import MappingProxyType
 import pytest
 
 from spekula.errors import ModelError
-from spekula.models import CATALOGUE, cache_dir, fetch, list_models, resolve
-from spekula.models import cli, packages, store
+from spekula.models import CATALOGUE, cache_dir, cli, fetch, list_models, packages, resolve, store
 from spekula.models.assemble import assemble
 from spekula.models.cache import HF_MARKER
 from spekula.models.catalogue import CatalogueEntry, Dist, Part

@@ -203,7 +203,7 @@ def test_forward_batch_equals_one_sequence_at_a_time(pair):
     prompts = [tokens(n, seed=10 + n) for n in (3, 17, 8)]
     seqs = [native.new_sequence() for _ in prompts]
     first = native.forward_batch(seqs, prompts, num_logits=[1, 2, 8])  # prefill of different lengths
-    for out, p in zip(first, prompts):
+    for out, p in zip(first, prompts, strict=True):
         close(out, reference(model, p)[-out.shape[0] :])
     blocks = [[4], [5, 6, 7, 8, 9], [10, 11]]
     masks = [None, tree_mask([-1, 0, 0, 1, 2]), None]

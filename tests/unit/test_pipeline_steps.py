@@ -3,9 +3,9 @@ server scheduler's contract), on the in-memory pipeline of tests/pipelinekit.py.
 
 from __future__ import annotations
 
-from pipelinekit import fake_pipeline
-
 from spekula.config import SamplingParams, StopConfig
+
+from pipelinekit import fake_pipeline
 
 
 def test_steps_are_engine_steps_and_join_to_the_iterated_text():

@@ -6,8 +6,8 @@ import pytest
 from spekula.backends.base import Capabilities
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
-from spekula.proposers import build_proposer
 from spekula.prompt_cache import PromptCache, shared_prefix
+from spekula.proposers import build_proposer
 from spekula.testing import FunctionBackend, random_table_backend
 
 

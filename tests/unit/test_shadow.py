@@ -3,8 +3,6 @@ teaches the controller without a verify pass and without touching the output."""
 
 import torch
 
-from costkit import compute_bound, llamacpp_avx512
-
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK
 from spekula.cost import CostModel, base_acceptance, match_length
@@ -14,6 +12,8 @@ from spekula.proposers.suffix import SuffixFactory
 from spekula.shadow import SHADOW_MIN_MATCH, ShadowDraft
 from spekula.testing import FunctionBackend, random_table_backend
 from spekula.trace import ListTrace
+
+from costkit import compute_bound, llamacpp_avx512
 
 
 def test_a_shadow_settles_at_its_first_differing_token_or_when_every_token_matched():

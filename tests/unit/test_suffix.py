@@ -12,8 +12,6 @@ import tracemalloc
 
 import pytest
 import torch
-from pipelinekit import EOS, ByteTokenizer, SlowBackend, printable_table
-from pipelinekit import VOCAB as BYTES
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig, SuffixOptions
 from spekula.cost import after_edit, match_length
@@ -37,6 +35,9 @@ from spekula.proposers.suffix import (
 )
 from spekula.testing import FunctionBackend, random_table_backend
 from spekula.text import TextCodec
+
+from pipelinekit import EOS, ByteTokenizer, SlowBackend, printable_table
+from pipelinekit import VOCAB as BYTES
 
 GREEDY = SamplingParams()
 DEFAULTS = SuffixConfig()

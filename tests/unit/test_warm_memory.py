@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from costkit import llamacpp_avx512, llamacpp_issue14
-
 from spekula.control import SLOW_START_PASSES, AdaptiveK
 from spekula.cost import RECALLED, CostModel
 from spekula.proposers.base import NO_DRAFT
 from spekula.proposers.suffix import match_class
+
+from costkit import llamacpp_avx512, llamacpp_issue14
 
 TOKENS = 96  # per request, as the issue's warm-server check
 

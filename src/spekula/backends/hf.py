@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from spekula.backends.base import Backend, Capabilities, Sequence
 from spekula.config import BackendConfig
+
+if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with this module
+    from transformers import PreTrainedModel
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,7 +24,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 class TransformersBackend(Backend):
     capabilities = Capabilities(batching=False, tree_mask=False)
 
-    def __init__(self, model: torch.nn.Module, name: str = "model", config: BackendConfig = BackendConfig()) -> None:
+    def __init__(self, model: PreTrainedModel, name: str = "model", config: BackendConfig = BackendConfig()) -> None:
         self.model = model.eval()
         self.name = name
         self.config = config
@@ -32,7 +36,7 @@ class TransformersBackend(Backend):
     @classmethod
     def load(
         cls, path: str | Path, name: str | None = None, config: BackendConfig = BackendConfig()
-    ) -> "TransformersBackend":
+    ) -> TransformersBackend:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoModelForCausalLM
@@ -42,7 +46,7 @@ class TransformersBackend(Backend):
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[config.dtype])
         return cls(model, name or Path(path).name, config)
 
-    def new_sequence(self) -> "TransformersSequence":
+    def new_sequence(self) -> TransformersSequence:
         return TransformersSequence(self)
 
 

@@ -128,7 +128,7 @@ class LlamaCppBackend(Backend):
             self.exact_width = self._widest_exact_block()
             self.capabilities = replace(type(self).capabilities, block_invariant=True)
 
-    def _new_context(self, n_ctx: int, sequences: int = 1) -> "_Context":
+    def _new_context(self, n_ctx: int, sequences: int = 1) -> _Context:
         import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext
 
@@ -182,8 +182,9 @@ class LlamaCppBackend(Backend):
     def single_pass_width(self) -> int | None:
         return self.exact_width if self.exact else None
 
-    def new_sequence(self) -> "LlamaCppSequence":
+    def new_sequence(self) -> LlamaCppSequence:
         if self._free_ids:
+            assert self._shared is not None  # free ids are the shared context's
             return LlamaCppSequence(self, self._shared, self._free_ids.pop())
         context = self._pool.pop() if self._pool else self._new_context(self.context_length)
         return LlamaCppSequence(self, context, 0)
@@ -209,7 +210,7 @@ class LlamaCppBackend(Backend):
 
     def forward_batch(
         self,
-        sequences: Seq["LlamaCppSequence"],
+        sequences: Seq[LlamaCppSequence],
         token_lists: Seq[Seq[int]],
         num_logits: Seq[int | None] | None = None,
     ) -> list[torch.Tensor]:
@@ -224,7 +225,7 @@ class LlamaCppBackend(Backend):
         if len({id(s) for s in sequences}) != n:
             raise ValueError("a sequence appears twice in one batch")
         blocks = []
-        for seq, ids, wanted in zip(sequences, token_lists, num_logits):
+        for seq, ids, wanted in zip(sequences, token_lists, num_logits, strict=True):
             if seq.backend is not self:
                 raise ValueError("the sequence belongs to another backend")
             seq.check_open()
@@ -238,13 +239,13 @@ class LlamaCppBackend(Backend):
         groups = ([shared] if shared else []) + [[b] for b in blocks if b not in shared]
         logits: dict[int, torch.Tensor] = {}
         for group in groups:
-            for block, out in zip(group, self._decode(group[0].seq.context, group)):
+            for block, out in zip(group, self._decode(group[0].seq.context, group), strict=True):
                 logits[id(block)] = out
         for block in blocks:
             block.seq.tokens.extend(block.ids)
         return [logits[id(block)] for block in blocks]
 
-    def _decode(self, context: "_Context", blocks: list["_Block"]) -> list[torch.Tensor]:
+    def _decode(self, context: _Context, blocks: list[_Block]) -> list[torch.Tensor]:
         """Append every block to its sequence's cache in `context`, in llama_decode calls of at most
         N_BATCH tokens; the logits each block asked for, in its order. In exact mode a lone block's
         rows that want logits (the pending token and the draft) go in calls of the exact width, after
@@ -274,7 +275,7 @@ class LlamaCppBackend(Backend):
             owners = [b for *_, wants_logits, b in chunk if wants_logits]
             if owners:
                 got = context.logits(len(owners), vocab)
-                for row, b in zip(got, owners):  # copied out before the next llama_decode overwrites them
+                for row, b in zip(got, owners, strict=True):  # copied out before the next llama_decode overwrites them
                     out[b][filled[b]] = row
                     filled[b] += 1
         return [torch.from_numpy(logits) for logits in out]
@@ -304,14 +305,16 @@ class _Context:
             self._address, self._views = address, {}
         view = self._views.get(rows)
         if view is None:
+            assert address is not None  # llama.cpp has logits after a llama_decode that asked for some
             buffer = (ctypes.c_float * (rows * vocab)).from_address(address)
-            view = self._views[rows] = np.frombuffer(buffer, dtype=np.float32).reshape(rows, vocab)
+            # a ctypes array has the buffer protocol, which numpy's stubs do not take it to have
+            view = self._views[rows] = np.frombuffer(buffer, dtype=np.float32).reshape(rows, vocab)  # type: ignore[call-overload]
         return view
 
 
 @dataclass(eq=False)
 class _Block:
-    seq: "LlamaCppSequence"
+    seq: LlamaCppSequence
     ids: list[int]
     wanted: int  # logits for the last `wanted` tokens
 

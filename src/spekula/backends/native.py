@@ -196,6 +196,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    inv_freq: torch.Tensor  # a buffer (register_buffer below)
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
@@ -206,7 +208,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)  # [hd / 2] fp32, not a weight
 
     @classmethod
-    def from_state_dict(cls, args: ModelArgs, weights: dict[str, torch.Tensor]) -> "Transformer":
+    def from_state_dict(cls, args: ModelArgs, weights: dict[str, torch.Tensor]) -> Transformer:
         """Build without initialising anything (weights are taken over, not copied)."""
         with torch.device("meta"):
             model = cls(args)
@@ -320,7 +322,7 @@ class NativeBackend(Backend):
         config: BackendConfig = BackendConfig(),
         device: str = "cpu",
         **kw,
-    ) -> "NativeBackend":
+    ) -> NativeBackend:
         """A Hugging Face directory or a .gguf file; keyword arguments as for the constructor."""
         from spekula.backends.native_loader import load_weights
 
@@ -330,7 +332,7 @@ class NativeBackend(Backend):
         model = Transformer.from_state_dict(loaded.args, loaded.weights).to(device)
         return cls(model, name or Path(path).stem, config, loaded.eos_token_ids, **kw)
 
-    def new_sequence(self) -> "NativeSequence":
+    def new_sequence(self) -> NativeSequence:
         return NativeSequence(self)
 
     def describe(self) -> dict:
@@ -340,7 +342,7 @@ class NativeBackend(Backend):
     @torch.inference_mode()
     def forward_batch(
         self,
-        sequences: Seq["NativeSequence"],
+        sequences: Seq[NativeSequence],
         token_lists: Seq[Seq[int]],
         num_logits: Seq[int | None] | None = None,
         block_masks: Seq[torch.Tensor | None] | None = None,
@@ -359,8 +361,10 @@ class NativeBackend(Backend):
         if len({id(s) for s in sequences}) != n:
             raise ValueError("a sequence appears twice in one batch")
 
-        tokens, positions, logit_rows, segments, counts = [], [], [], [], []
-        for seq, ids, wanted, block_mask in zip(sequences, token_lists, num_logits, block_masks):
+        tokens: list[int] = []
+        logit_rows: list[int] = []
+        positions, segments, counts = [], [], []
+        for seq, ids, wanted, block_mask in zip(sequences, token_lists, num_logits, block_masks, strict=True):
             ids = [int(t) for t in ids]
             wanted = len(ids) if wanted is None else wanted
             self._check(seq, ids, wanted, block_mask)
@@ -374,12 +378,12 @@ class NativeBackend(Backend):
         inputs = (torch.tensor(tokens, device=self.device), torch.cat(positions).to(self.device), segments)
         logits = self.model(*inputs, torch.tensor(logit_rows, device=self.device))
         logits = logits.cpu()  # [sum(num_logits), V]; the engine verifies and samples on the CPU
-        for seq, ids in zip(sequences, token_lists):
+        for seq, ids in zip(sequences, token_lists, strict=True):
             seq.tokens.extend(int(t) for t in ids)
         return list(logits.split(counts))
 
     def _segment(
-        self, seq: "NativeSequence", ids: list[int], block_mask: torch.Tensor | None, row: int
+        self, seq: NativeSequence, ids: list[int], block_mask: torch.Tensor | None, row: int
     ) -> tuple[Segment, torch.Tensor]:
         """Plan one sequence's share of the forward: cache room, slots, masks.
 
@@ -393,6 +397,7 @@ class NativeBackend(Backend):
         else:
             depth = torch.arange(S)
         kv_len = start + S
+        assert seq.cache is not None  # reserve() allocated it
         segment = Segment(
             cache=seq.cache,
             rows=slice(row, row + S),
@@ -404,7 +409,7 @@ class NativeBackend(Backend):
             segment.window_masks[window] = _to(attention_mask(start, depth, kv_len, block_mask, window), self.device)
         return segment, depth
 
-    def _check(self, seq: "NativeSequence", ids: list[int], wanted: int, block_mask: torch.Tensor | None) -> None:
+    def _check(self, seq: NativeSequence, ids: list[int], wanted: int, block_mask: torch.Tensor | None) -> None:
         if seq.backend is not self:
             raise ValueError("the sequence belongs to another backend")
         S = len(ids)

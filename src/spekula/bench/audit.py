@@ -226,6 +226,7 @@ def compare_texts(config: str, prompt_id: str, reference: str, output: str) -> G
     if output == reference:
         return GreedyCase(config, prompt_id, True, len(reference))
     i = first_difference(reference, output)
+    assert i is not None  # the texts differ
     divergence = Divergence(
         position=i,
         plain_token=None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from spekula.bench.audit import (
 from spekula.bench.endpoint import Endpoint, Load, borrow_token_counts, run_endpoint
 from spekula.bench.manifest import manifest, portable_path
 from spekula.bench.metrics import RequestResult, attach_comparisons
+from spekula.bench.reference import ReferenceContender
 from spekula.bench.results import result_dict, write_outputs
 from spekula.bench.runner import (
     PLAIN,
@@ -44,7 +46,7 @@ from spekula.extras import needs_extra
 
 
 def bench_inprocess(
-    contenders: list[Contender],
+    contenders: Sequence[Contender | ReferenceContender],
     codec: Any,
     items: list[WorkItem],
     *,
@@ -142,7 +144,7 @@ def _render(
         return None
     by_name = {c.name: c for c in spec}
     overall = {n: result["summary"][n]["overall"]["speedup"]["median"] or 0.0 for n in by_name}
-    best = max(overall, key=overall.get)
+    best = max(overall, key=overall.__getitem__)
     if render_id is not None:
         if render_id not in {i.id for i in items}:
             raise ConfigError(f"--render {render_id!r} is not a prompt id of this run")

@@ -118,7 +118,7 @@ def model_ref(name: str | None) -> str | None:
     from spekula.models import CATALOGUE
     from spekula.models.cache import gguf_dir
 
-    if name in CATALOGUE:
+    if name is not None and name in CATALOGUE:
         return str(gguf_dir() / CATALOGUE[name].gguf_file)
     return name
 
@@ -310,7 +310,7 @@ def read_tuned(path: str) -> tuple[dict[str, Any], dict[Any, int] | None]:
     )
     if data.get("kind") == "spekula-tune":
         config = data.get("config") or {}
-        row = next((r for r in data.get("table", []) if r.get("name") == data.get("recommended")), {})
+        row: dict[str, Any] = next((r for r in data.get("table", []) if r.get("name") == data.get("recommended")), {})
         return config, row.get("steps_by_k")
     if "draft" not in data:
         raise ConfigError(f"--from-config {path}: not a tuned configuration (no 'draft'); give tuned-config.json")

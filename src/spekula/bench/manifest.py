@@ -202,7 +202,7 @@ def manifest(
     """memory: the proposer memory the figures are for (results.result_dict's), where the run says. Paths of
     this machine (the command's, the models', the llama.cpp library's) are written portably (portable)."""
     return {
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": portable(sys.argv),
         "models": portable(models),
         "packages": packages(),

@@ -129,10 +129,13 @@ def merge_stats(stats: Iterable[RequestStats]) -> RequestStats:
 
 def percentiles(values: Sequence[float | None]) -> dict[str, float | None]:
     xs = [v for v in values if v is not None]
+    out: dict[str, float | None]
     if not xs:
-        return {f"p{q}": None for q in PERCENTILES} | {"mean": None}
+        out = {f"p{q}": None for q in PERCENTILES}
+        return out | {"mean": None}
     arr = np.asarray(xs, dtype=np.float64)
-    return {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES} | {"mean": float(arr.mean())}
+    out = {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
+    return out | {"mean": float(arr.mean())}
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any]:

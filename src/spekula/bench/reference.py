@@ -65,7 +65,7 @@ class LlamaSettings:
     eos_token_ids: frozenset[int]
 
     @classmethod
-    def of(cls, backend: Any) -> "LlamaSettings":
+    def of(cls, backend: Any) -> LlamaSettings:
         """From a spekula.backends.llamacpp.LlamaCppBackend (the target on llama.cpp)."""
         from spekula.backends.llamacpp import N_BATCH, LlamaCppBackend
 
@@ -161,11 +161,12 @@ def shared_weights(model: Any) -> Iterator[None]:
     from llama_cpp import _internals
 
     made = _internals.LlamaModel
-    _internals.LlamaModel = lambda **_: _Lent(model)  # what Llama.__init__ calls to load the file
+    # what Llama.__init__ calls to load the file, replaced for the while
+    _internals.LlamaModel = lambda **_: _Lent(model)  # type: ignore[misc, assignment]
     try:
         yield
     finally:
-        _internals.LlamaModel = made
+        _internals.LlamaModel = made  # type: ignore[misc]  # the class back
 
 
 class _Lent:

@@ -293,8 +293,8 @@ def plots(result: dict[str, Any]) -> dict[str, bytes]:
                 ks,
                 med,
                 yerr=[
-                    [m - sp["p10"] for m, (_, sp) in zip(med, points)],
-                    [sp["p90"] - m for m, (_, sp) in zip(med, points)],
+                    [m - sp["p10"] for m, (_, sp) in zip(med, points, strict=True)],
+                    [sp["p90"] - m for m, (_, sp) in zip(med, points, strict=True)],
                 ],
                 marker="o",
                 capsize=3,

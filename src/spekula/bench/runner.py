@@ -19,10 +19,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
@@ -336,6 +336,7 @@ def build_contenders(
         from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
 
         gguf = target if isinstance(target, LlamaCppBackend) else runtime_of(replace(choice, backend=LLAMACPP))[0]
+        gguf = cast(LlamaCppBackend, gguf)  # what backend=llamacpp loads
         # llama-cpp-python's loop makes its own context with its own settings (exact mode does not reach it) over
         # the weights that backend loaded (reference.shared_weights: one copy, the same placement for every loop)
         loop = LlamaCppPythonLoop(LlamaSettings.of(gguf), codec, prompt_cache, model=gguf.model)
@@ -466,7 +467,7 @@ class PeakRss:
                 return int(line.split()[1])
         raise ValueError(f"no {key} in {cls.STATUS}")
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         if self._thread is not None:
             self._thread.start()
         return self
@@ -541,7 +542,7 @@ def check_baseline(baseline: str, names: list[str]) -> None:
 
 
 def run_inprocess(
-    contenders: list[Contender | ReferenceContender],
+    contenders: Sequence[Contender | ReferenceContender],
     codec: Any,
     items: list[WorkItem],
     sampling: SamplingParams = SamplingParams(),
@@ -574,7 +575,7 @@ def run_inprocess(
     if warmup:
         warm_up(contenders, ids[items[0].id])
     results: list[RequestResult] = []
-    learning = [c for c in contenders if not c.plain]
+    learning = [c for c in contenders if isinstance(c, Contender) and not c.plain]  # a ReferenceContender is plain
     total = len(items) * len(contenders) * repeats + len(prefix) * len(learning)
     bar = tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", dynamic_ncols=True)
     with PeakRss() as rss, bar:
@@ -602,7 +603,7 @@ def run_inprocess(
 
 
 def check_run(
-    contenders: list[Contender | ReferenceContender],
+    contenders: Sequence[Contender | ReferenceContender],
     sampling: SamplingParams,
     repeats: int,
     baseline: str | None,
@@ -632,7 +633,7 @@ def check_warm_repeats(repeats: int) -> None:
         )
 
 
-def warm_up(contenders: list[Contender | ReferenceContender], prompt_ids: list[int]) -> None:
+def warm_up(contenders: Sequence[Contender | ReferenceContender], prompt_ids: list[int]) -> None:
     """One-off costs (allocator, thread pool, lazy imports, caches) must hit no measurement: a short request
     under every contender, from the end of the first prompt (a long prefill would warm nothing more)."""
     first = prompt_ids[-16:]
@@ -673,7 +674,7 @@ def stop_for(item: WorkItem, max_tokens: int | None, ignore_eos: bool) -> StopCo
     return StopConfig(max_tokens=item.max_tokens_under(max_tokens), ignore_eos=ignore_eos)
 
 
-def balanced_order(contenders: list[T], round_: int) -> list[T]:
+def balanced_order(contenders: Sequence[T], round_: int) -> list[T]:
     """The order contenders run in for one prompt: row `round_` (cyclically) of a Williams design.
 
     Over any run of consecutive rounds as long as the design (len(contenders) rows, twice that for an odd
@@ -698,7 +699,7 @@ def balanced_order(contenders: list[T], round_: int) -> list[T]:
     return [contenders[j] for j in rows[round_ % len(rows)]]
 
 
-def identity_on_own_runtime(results: list[RequestResult], contenders: list[Contender | ReferenceContender]) -> None:
+def identity_on_own_runtime(results: list[RequestResult], contenders: Sequence[Contender | ReferenceContender]) -> None:
     """A speculative contender is lossless against spekula's plain decoding on ITS runtime (runtimes
     round differently): `identical` compares it with plain decoding on the run's runtime, or, with
     backend=, with the run's plain contender on that runtime where there is one, whatever the baseline
@@ -713,7 +714,9 @@ def identity_on_own_runtime(results: list[RequestResult], contenders: list[Conte
         if c.plain and runtime(c) != (None, None) and c.choice.loop == SPEKULA_LOOP:
             plain_on.setdefault(runtime(c), c.name)
     base_of = {c.name: plain_on.get(runtime(c)) for c in contenders if not c.plain}
-    by_key = {(r.config, r.prompt_id, r.repeat): r for r in results if r.ok}
+    by_key: dict[tuple[str | None, str, int], RequestResult] = {
+        (r.config, r.prompt_id, r.repeat): r for r in results if r.ok
+    }
     for r in results:
         b = by_key.get((base_of.get(r.config), r.prompt_id, r.repeat))
         if b is not None and r.ok and r.token_ids is not None and b.token_ids is not None:
@@ -759,7 +762,7 @@ def render_tokens(
     for step in trace.steps:
         kinds = ["accepted"] * step.accepted + [step.next_kind]
         probs = [(d.p, d.q) for d in step.drafted[: step.accepted]] + [(step.next_p, None)]
-        for token, kind, (p, q) in zip(step.emitted, kinds, probs):
+        for token, kind, (p, q) in zip(step.emitted, kinds, probs, strict=False):
             tokens.append(
                 {"token": token, "text": detok.feed([token]), "kind": kind, "step": step.step, "p": p, "q": q}
             )

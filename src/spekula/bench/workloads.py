@@ -70,7 +70,7 @@ class WorkItem:
         n = self.max_tokens if self.max_tokens is not None else (cap if cap is not None else default)
         return min(n, cap) if cap is not None else n
 
-    def salted(self, line: str) -> "WorkItem":
+    def salted(self, line: str) -> WorkItem:
         """The same item with `line` (and a newline) in front of its prompt, or of its first message."""
         if self.messages is not None:
             first, *rest = self.messages
@@ -370,7 +370,8 @@ def _deal(units: list[list[WorkItem]], to_prefix: bool) -> tuple[list[list[WorkI
     """(held out for the reported part, the prefix's pool): each category's units in turn, the first held out."""
     if not to_prefix:
         return list(units), []
-    held, pool = [], []
+    held: list[list[WorkItem]] = []
+    pool: list[list[WorkItem]] = []
     dealt: dict[str, int] = {}
     for unit in units:
         n = dealt.get(unit[0].category, 0)
@@ -432,7 +433,7 @@ def split_sequence(items: list[WorkItem], parts: int) -> list[list[WorkItem]]:
             at += 1
         cuts.append(at)
     bounds = [0, *cuts, len(items)]
-    chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     if any(not chunk for chunk in chunks):
         raise ConfigError(f"{len(items)} reported requests cannot make {parts} phases; lower --repeats")
     return chunks

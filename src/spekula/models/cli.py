@@ -32,13 +32,13 @@ def register(subparsers: Any) -> dict[str, argparse.ArgumentParser]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    rows = [("NAME", "PARAMS", "SIZE", "LICENCE", "INSTALLED", "VERIFIED", "CONVERTED")]
+    rows: list[tuple[str, ...]] = [("NAME", "PARAMS", "SIZE", "LICENCE", "INSTALLED", "VERIFIED", "CONVERTED")]
     for s in list_models():
         size = f"{s.gguf_size / 1e6:,.0f} MB"
         rows.append((s.name, _count(s.parameters), size, s.licence, *map(_yes, (s.installed, s.verified, s.converted))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     print(f"\ncache: {cache_dir()}  (set SPEKULA_CACHE to move it)")
     print(_llamacpp_line())
     return 0

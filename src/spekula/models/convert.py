@@ -54,7 +54,7 @@ def convert_gguf(gguf: Path, out: Path, require_chat_template: bool, report: Cal
         )
 
     # transformers refuses to save a model it believes is quantized; the weights are dense bf16 now.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # an attribute of the model, not a submodule
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)

@@ -60,7 +60,8 @@ class DraftModelProposer(Proposer):
         probs: list[torch.Tensor] = []
         for i in range(k):
             q = probabilities(logits, sampling)  # [V]
-            token = int(greedy_token(logits)) if sampling.greedy else draw(q, noise.uniform(i))
+            # sampled: noise is not None (checked above)
+            token = int(greedy_token(logits)) if sampling.greedy else draw(q, noise.uniform(i))  # type: ignore[union-attr]
             tokens.append(token)
             probs.append(q)
             if self.confidence is not None and float(q[token]) < self.confidence:

@@ -117,7 +117,7 @@ class SuffixConfig:
             raise ConfigError(f"suffix spec_offset must be >= 0, got {self.spec_offset!r}")
 
     @classmethod
-    def from_options(cls, options: SuffixOptions, max_draft: int = K_MAX) -> "SuffixConfig":
+    def from_options(cls, options: SuffixOptions, max_draft: int = K_MAX) -> SuffixConfig:
         """The user's knobs (SpecConfig.suffix) and the longest draft the engine verifies, the rest at defaults."""
         return cls(**asdict(options), max_draft=max_draft)
 
@@ -172,14 +172,14 @@ class SuffixIndex:
         base = seq_id * STRIDE
         for end in range(max(start, 1), len(seq)):
             code = base + end
-            for n, table in zip(ANCHORS, self.tables):
+            for n, table in zip(ANCHORS, self.tables, strict=True):
                 if n > end:
                     break
                 key = anchor(seq, end, n)
                 old = table.get(key)
                 if old is None:
                     table[key] = code
-                elif type(old) is int:
+                elif isinstance(old, int):
                     table[key] = [old, code]
                 else:
                     old.append(code)
@@ -189,12 +189,12 @@ class SuffixIndex:
         base = seq_id * STRIDE
         for end in range(1, len(seq)):
             code = base + end
-            for n, table in zip(ANCHORS, self.tables):
+            for n, table in zip(ANCHORS, self.tables, strict=True):
                 if n > end:
                     break
                 key = anchor(seq, end, n)
                 old = table[key]
-                if type(old) is int:
+                if isinstance(old, int):
                     del table[key]
                 else:
                     del old[bisect_left(old, code)]
@@ -207,7 +207,7 @@ class SuffixIndex:
         found = self.tables[level].get(key)
         if found is None:
             return []
-        codes = [found] if type(found) is int else found[: -limit - 1 : -1]
+        codes = [found] if isinstance(found, int) else found[: -limit - 1 : -1]
         out = []
         for code in codes:
             seq_id, end = divmod(code, STRIDE)
@@ -404,10 +404,10 @@ class SuffixProposer(Proposer):
         if self._cursor is None:
             moves = strong
         elif self._edit:  # waiting to realign: a short match is mostly the output's own copy of an earlier edit
-            moves = strong and found.length >= 2 * RESYNC_BELOW
+            moves = strong and found.length >= 2 * RESYNC_BELOW  # type: ignore[union-attr]  # strong: found is not None
         else:
-            moves = strong and (not expected or expected[0] != found.tokens[0])
-        if moves and found.source is not None:
+            moves = strong and (not expected or expected[0] != found.tokens[0])  # type: ignore[union-attr]  # as above
+        if moves and found is not None and found.source is not None:
             # a long match elsewhere, or the cursor lost: copying goes on from the match's occurrence
             self._cursor, self._realigned, self._edit, self._inserting = found.source, False, [], ()
             self._synced = found.length
@@ -423,6 +423,7 @@ class SuffixProposer(Proposer):
     def _cursor_draft(self, limit: int) -> list[int]:
         """The source from the cursor on, up to `limit` tokens, with this request's substitutions applied
         (the rest of one the output is inside first)."""
+        assert self._cursor is not None  # called while following a source
         seq, at = self._cursor
         out: list[int] = list(self._inserting)
         while len(out) < limit and at < len(seq):
@@ -558,7 +559,7 @@ class SuffixProposer(Proposer):
         while len(draft) < limit and live:
             nexts = []
             counts: dict[int, int] = {}
-            for entry, seq, pos in live:
+            for _entry, seq, pos in live:
                 token = seq[pos] if pos < len(seq) else draft[pos - len(seq)]
                 nexts.append(token)
                 counts[token] = counts.get(token, 0) + 1
@@ -569,7 +570,7 @@ class SuffixProposer(Proposer):
             draft.append(token)
             live = [
                 (entry, seq, pos + 1)
-                for (entry, seq, pos), t in zip(live, nexts)
+                for (entry, seq, pos), t in zip(live, nexts, strict=True)
                 if t == token and (entry == LOCAL or pos + 1 < len(seq))
             ]
             if len(draft) == 1:

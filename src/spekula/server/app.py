@@ -154,7 +154,7 @@ class Gate:
             elif dict(started[0].get("headers", [])).get(b"content-type", b"").startswith(b"text/event-stream"):
                 body = sse(error) + DONE
                 await asyncio.wait_for(send({"type": "http.response.body", "body": body, "more_body": False}), 1.0)
-        except (asyncio.TimeoutError, OSError):
+        except (TimeoutError, OSError):
             pass  # the client does not read: uvicorn closes the connection
 
     def _refusal(self, scope: Scope) -> str | None:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from spekula.extras import needs_extra
 from spekula.server.listen import bind
@@ -39,7 +40,7 @@ class ReadyServer(Server):
 class Running:
     url: str  # http://127.0.0.1:PORT (the API is under /v1)
     server: ReadyServer
-    app: object
+    app: Any  # the ASGI app served (create_app's)
 
     @property
     def scheduler(self):

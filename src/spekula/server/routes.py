@@ -31,7 +31,7 @@ HUNG_WORKER_GRACE_S = 30.0  # past the deadline, the handler stops waiting even 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _state(request: Request) -> "ServerState":
+def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
@@ -96,6 +96,8 @@ class AsyncSink:
 
 async def _generate(request: Request, kind: Kind) -> Response:
     state = _state(request)
+    scheduler = state.scheduler
+    assert scheduler is not None  # started at startup, before the app takes a request
     settings = state.settings
     offer = state.speculation
     req = parse_request(await read_json(request, settings.max_body_bytes), kind, settings, offer)
@@ -121,16 +123,16 @@ async def _generate(request: Request, kind: Kind) -> Response:
         spec=None if req.spec == offer else req.spec,  # None: the server's own, exactly as without `spec`
     )
     drain = request.app.state.drain
-    drain.track(job, sink, lambda: state.scheduler.cancel(job))  # 503 once the drain has given up
+    drain.track(job, sink, lambda: scheduler.cancel(job))  # 503 once the drain has given up
     try:
-        state.scheduler.submit(job)  # 429 when the queue is full, 503 when shutting down
+        scheduler.submit(job)  # 429 when the queue is full, 503 when shutting down
     except APIError:
         drain.untrack(job)
         raise
     if req.stream:
 
         def close() -> None:
-            state.scheduler.cancel(job)
+            scheduler.cancel(job)
             drain.untrack(job)
 
         return JobStream(_stream(state, job, sink, shape, req), on_close=close)
@@ -156,9 +158,11 @@ class JobStream(StreamingResponse):
 
 
 async def _complete(
-    request: Request, state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
+    request: Request, state: ServerState, job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
 ) -> Response:
-    watcher = asyncio.create_task(_on_disconnect(request, lambda: state.scheduler.cancel(job)))
+    scheduler = state.scheduler
+    assert scheduler is not None  # started at startup, before the app takes a request
+    watcher = asyncio.create_task(_on_disconnect(request, lambda: scheduler.cancel(job)))
     finished = False
     try:
         while True:
@@ -172,11 +176,11 @@ async def _complete(
     finally:
         watcher.cancel()
         if not finished:  # the handler itself was cancelled
-            state.scheduler.cancel(job)
+            scheduler.cancel(job)
 
 
 async def _stream(
-    state: "ServerState", job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
+    state: ServerState, job: Job, sink: AsyncSink, shape: ResponseShape, req: GenerationRequest
 ) -> AsyncIterator[bytes]:
     """Server-sent events. Starlette cancels this generator when the client disconnects."""
     finished = False
@@ -200,16 +204,18 @@ async def _stream(
             return
     finally:
         if not finished:
+            assert state.scheduler is not None  # the job was submitted to it
             state.scheduler.cancel(job)
 
 
-async def _next_event(state: "ServerState", job: Job, sink: AsyncSink) -> Event:
+async def _next_event(state: ServerState, job: Job, sink: AsyncSink) -> Event:
     # The worker enforces the deadline between steps; this only guards against a worker that hangs.
     remaining = job.deadline - time.monotonic()
     try:
         async with asyncio.timeout(max(remaining, 0.0) + HUNG_WORKER_GRACE_S):  # no task per event, as wait_for makes
             return await sink.queue.get()
     except TimeoutError:
+        assert state.scheduler is not None  # the job was submitted to it
         state.scheduler.cancel(job)
         return Failed(
             APIError(504, f"no answer from the engine within {job.timeout_s:g} s; lower max_tokens", code="timeout")
@@ -225,7 +231,7 @@ async def _on_disconnect(request: Request, callback) -> None:
             return
 
 
-def _check_model(state: "ServerState", model: str) -> None:
+def _check_model(state: ServerState, model: str) -> None:
     if model != state.model_name:
         raise APIError(
             404,
@@ -235,8 +241,9 @@ def _check_model(state: "ServerState", model: str) -> None:
         )
 
 
-def _model_card(state: "ServerState") -> dict:
+def _model_card(state: ServerState) -> dict:
     spec = state.speculation
+    assert state.pipeline is not None  # loaded at startup, before the app takes a request
     return {
         "id": state.model_name,
         "object": "model",

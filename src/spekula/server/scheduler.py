@@ -53,14 +53,14 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from spekula.config import SamplingParams, StopConfig
 from spekula.control import Controller, FixedK
-from spekula.engine import PlannedStep, PrefillChunk
+from spekula.engine import Generation, PlannedStep, PrefillChunk
 from spekula.errors import SpekulaError
 from spekula.pipeline import Pipeline, TextGeneration
 from spekula.prompt_cache import shared_prefix
@@ -121,6 +121,12 @@ class Job:
     @property
     def deadline(self) -> float:
         return self.arrived + self.timeout_s
+
+    @property
+    def generation(self) -> Generation:
+        """Its engine generation: every job the scheduler steps has one (Scheduler._admit made its run)."""
+        assert self.run is not None, f"request {self.id} has not started"
+        return self.run.generation
 
 
 class Scheduler:
@@ -312,7 +318,7 @@ class Scheduler:
         prompt tokens): a decode row costs little beside a chunk's rows, so the requests decoding gain
         a step during every chunk instead of waiting for it."""
         self.rounds += 1
-        chunks, waited = self._prefill([job for job in self._running if not job.run.generation.ready])
+        chunks, waited = self._prefill([job for job in self._running if not job.generation.ready])
         riders: list[tuple[Job, PrefillChunk]] = []
         if chunks and self.batching and sum(len(c.tokens) for _, c in chunks) <= PREFILL_BATCH_TOKENS:
             riders = chunks
@@ -321,19 +327,20 @@ class Scheduler:
         started = time.perf_counter()
         planned = self._plan(self._choose_batch_ks())
         for job, step, logits, score_s in self._score(planned, riders):
-            run = job.run
+            run, meter = job.run, job.meter
+            assert run is not None and meter is not None  # _admit set both
             try:
                 delta = run.feed(run.generation.complete(step, logits, score_s=score_s))
                 if run.generation.done and not run.stopped:
                     delta += run.flush()  # the held-back text: nothing follows it
-                job.meter.update()
+                meter.update()
             except Exception:  # one request's failure must not take the worker (and every other request) down
                 log.exception("request %s failed in the engine", job.id)
                 self._finish(job, "error", ENGINE_ERROR)
                 continue
             self._emit(job, delta)
-            if run.generation.done:
-                self._finish(job, run.generation.finish_reason)
+            if (reason := run.generation.finish_reason) is not None:  # run.generation.done
+                self._finish(job, reason)
         elapsed = time.perf_counter() - started
         if riders and waited is not None:  # this round was a chunk's, with steps beside it
             self._chunk_done(elapsed, waited or bool(planned))
@@ -355,23 +362,24 @@ class Scheduler:
         ks: each request's k for the round (None: each request's controller chooses)."""
         planned: list[tuple[Job, PlannedStep]] = []
         for job in list(self._running):
-            if not job.run.generation.ready or not self._live(job):
+            if not job.generation.ready or not self._live(job):
                 continue
             try:
-                step = job.run.generation.plan(None if ks is None else ks.get(job))  # not in ks: its own k
+                step = job.generation.plan(None if ks is None else ks.get(job))  # not in ks: its own k
             except Exception:
                 log.exception("request %s failed before its target pass", job.id)
                 self._finish(job, "error", ENGINE_ERROR)
                 continue
             if step is None:  # nothing left to run: emit the held-back text, then the end
+                assert job.run is not None  # job.generation says so
                 self._emit(job, job.run.flush())
-                self._finish(job, job.run.generation.finish_reason or "stop")
+                self._finish(job, job.generation.finish_reason or "stop")
             else:
                 planned.append((job, step))
         return planned
 
     def _score(
-        self, planned: list[tuple[Job, PlannedStep]], riders: list[tuple[Job, PrefillChunk]] = ()
+        self, planned: list[tuple[Job, PlannedStep]], riders: Sequence[tuple[Job, PrefillChunk]] = ()
     ) -> list[tuple[Job, PlannedStep, torch.Tensor, float]]:
         """Stage 2: the target's pass over every planned block, batched where the backend can, else
         one block after another. riders: prefill chunks that go into the same batched pass (their
@@ -396,8 +404,8 @@ class Scheduler:
         blocks = [(s.sequence, s.tokens, s.num_logits) for _, s in planned]
         blocks += [(c.sequence, c.tokens, 1) for _, c in riders if c.tokens]
         start = time.perf_counter()
-        try:
-            logits = self.pipeline.target.forward_batch(*map(list, zip(*blocks))) if blocks else []
+        try:  # self.batching: the target batches, so it has forward_batch (which Backend does not declare)
+            logits = self.pipeline.target.forward_batch(*map(list, zip(*blocks, strict=True))) if blocks else []  # type: ignore[attr-defined]
         except Exception:  # the batch's caches are in an unknown state: end its requests, keep serving
             log.exception("a batched forward of %d requests failed", len(blocks))
             for job, _ in [*planned, *riders]:
@@ -405,14 +413,14 @@ class Scheduler:
             return []
         pass_s = time.perf_counter() - start
         for job, _ in riders:
-            job.run.generation.prefilled()
+            job.generation.prefilled()
         if len(blocks) > 1:  # a pass over one sequence is that request's own to observe (PlannedStep.alone)
             for _, step in planned:
                 step.alone = False
             prefilled = riders or any(s.prompt for _, s in planned)  # a pass that prefilled is no step's cost
             if self._batch_k and not prefilled:
                 self.pipeline.engine.costs.observe_target(sum(len(s.tokens) for _, s in planned), pass_s)
-        return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits)]
+        return [(job, step, job_logits, pass_s) for (job, step), job_logits in zip(planned, logits, strict=False)]
 
     def _prefill(self, prefilling: list[Job]) -> tuple[list[tuple[Job, PrefillChunk]], bool | None]:
         """Choose the round's prefill chunks, within its budget (prefill_chunk tokens; 0: unbounded), for
@@ -442,18 +450,18 @@ class Scheduler:
         chunk). New requests re-arm that debt at most once between two chunks: owing every arrival
         starved a long prompt whenever requests kept arriving, so a long prompt gets at least
         share / (1 + share) of the worker's time (a quarter by default)."""
-        decoding = any(job.run.generation.prefill_done for job in self._running)
+        decoding = any(job.generation.prefill_done for job in self._running)
         if not decoding:
             self._owed_s = 0.0  # nobody is waiting on the prefill
         live = sorted(
             (job for job in prefilling if self._live(job)),
-            key=lambda job: job.prefill_stamp + job.run.generation.prefill_left,
+            key=lambda job: job.prefill_stamp + job.generation.prefill_left,
         )
         budget = self.prefill_chunk or None
         chunks: list[tuple[Job, PrefillChunk]] = []
         unfinishing = False
         for job in live:
-            generation = job.run.generation
+            generation = job.generation
             left = generation.prefill_left
             if self._borrows and any(self._awaits(job, ahead) for ahead, _ in chunks):
                 continue  # next round it borrows what the one ahead prefills now
@@ -476,7 +484,7 @@ class Scheduler:
             if len(chunk.tokens) == generation.prefill_left and len(chunk.tokens) <= PREFILL_BATCH_TOKENS:
                 generation.fold(chunk)  # the prompt's last chunk: the first step's pass runs it
             chunks.append((job, chunk))
-        to_run = [(job, chunk) for job, chunk in chunks if not job.run.generation.ready]
+        to_run = [(job, chunk) for job, chunk in chunks if not job.generation.ready]
         return to_run, (decoding or len(chunks) > 1) if unfinishing else None
 
     @staticmethod
@@ -489,8 +497,8 @@ class Scheduler:
         for: whichever computes the common part first, the other borrows it.)"""
         mine, theirs = (len(j.prompt_ids) - 1 for j in (job, ahead))  # the prompt tokens prefilled in full
         common = min(shared_prefix(job.prompt_ids, ahead.prompt_ids), mine, theirs)
-        held = mine - job.run.generation.prefill_left
-        held_ahead = theirs - ahead.run.generation.prefill_left
+        held = mine - job.generation.prefill_left
+        held_ahead = theirs - ahead.generation.prefill_left
         return common - max(held, min(common, held_ahead)) >= PREFIX_WAIT_TOKENS
 
     def _run_chunks(self, chunks: list[tuple[Job, PrefillChunk]], waited: bool | None) -> None:
@@ -508,7 +516,7 @@ class Scheduler:
                     log.exception("request %s failed in its prefill", job.id)
                     self._finish(job, "error", ENGINE_ERROR)
                     continue
-                job.run.generation.prefilled()
+                job.generation.prefilled()
         elapsed = time.perf_counter() - started
         tokens = sum(len(chunk.tokens) for _, chunk in chunks)
         log.debug("prefill: %d chunks, %d prompt tokens, %.3f s", len(chunks), tokens, elapsed)
@@ -535,7 +543,8 @@ class Scheduler:
             todo = [chunk for _, chunk in group if chunk.tokens]
             try:
                 if todo:
-                    self.pipeline.target.forward_batch(
+                    # self.batching: the target has forward_batch
+                    self.pipeline.target.forward_batch(  # type: ignore[attr-defined]
                         [c.sequence for c in todo], [c.tokens for c in todo], [1] * len(todo)
                     )
             except Exception:
@@ -544,25 +553,25 @@ class Scheduler:
                     self._finish(job, "error", ENGINE_ERROR)
                 continue
             for job, _ in group:
-                job.run.generation.prefilled()
+                job.generation.prefilled()
 
     def _choose_batch_ks(self) -> dict[Job, int] | None:
         """Each decoding request's k for the round, chosen together by the cost model for a batch of
         two or more (None: each request's own controller, as for a batch of one, a backend that does
         not batch, or a fixed --k). A request whose `spec` fixed its k keeps it: it is left out."""
-        decoding = [job for job in self._running if job.run.generation.ready and not _fixed_k(job)]
+        decoding = [job for job in self._running if job.generation.ready and not _fixed_k(job)]
         if not self._batch_k or len(decoding) < 2:
             return None
         ks, speedup = self.pipeline.engine.costs.best_ks([self._outlook(job) for job in decoding])
         for job in decoding:
-            job.run.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
-        return dict(zip(decoding, ks))
+            job.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
+        return dict(zip(decoding, ks, strict=True))
 
     @staticmethod
     def _outlook(job: Job) -> tuple[list[float], int] | None:
         """Generation.outlook, or None (k = 0 this round) if asking failed: its plan() reports the failure."""
         try:
-            return job.run.generation.outlook()
+            return job.generation.outlook()
         except Exception:
             log.exception("request %s: its draft outlook failed", job.id)
             return None
@@ -587,6 +596,7 @@ class Scheduler:
         if job.run is not None:
             try:
                 job.run.close()  # frees both KV caches now if the request was cut short
+                assert job.meter is not None  # set with its run
                 job.meter.update()
             except Exception:
                 log.exception("request %s: cleaning up failed", job.id)
@@ -602,6 +612,7 @@ class Scheduler:
         if error is not None:
             job.sink(Failed(error, stats))
         elif reason in ("stop", "length"):
+            assert job.run is not None and stats is not None  # a request ends so only after it ran
             job.sink(Finished(job.run.text, reason, stats))
         else:  # abort: the client is gone
             job.sink(Failed(APIError(499, "the client closed the connection"), stats))
@@ -631,6 +642,7 @@ class Scheduler:
             stats.total_s,
         )
         if job.log_text is not None:
+            assert job.run is not None  # it has stats: it ran
             log.info("request %s prompt: %r output: %r", job.id, job.log_text, job.run.text)
 
 

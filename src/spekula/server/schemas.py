@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from starlette.requests import Request
 
@@ -65,7 +65,7 @@ ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 16
 MAX_SEED = 2**63 - 1
 RANDOM_SEED = -1  # llama-server's and llama.cpp's "random seed": unseeded sampling, as if no seed was given
-AUTO = "auto"
+AUTO: Final = "auto"
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,14 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
+        assert self.pipeline is not None  # loaded at startup, before the app takes a request
         return self.settings.model_name or self.pipeline.target.name
 
     @property
     def speculation(self) -> Speculation:
         """How this server speculates: what a request runs unless its `spec` asks otherwise (schemas._spec).
         A request may fix k up to k_max (the controller's bound; a fixed --k above it raises it)."""
+        assert self.pipeline is not None  # loaded at startup, before the app takes a request
         engine = self.pipeline.engine
         if engine.proposer is None:
             return Speculation()
@@ -51,6 +53,7 @@ class ServerState:
         """What a greedy answer of this server promises against plain decoding of its target, alone
         (spekula.divergence.guarantee; shared: batching and the prompt cache also change a token's pass)."""
         if self._guarantee is None:
+            assert self.pipeline is not None  # loaded at startup, before the app takes a request
             self._guarantee = guarantee(self.pipeline.target, shared=True).to_dict()
         return self._guarantee
 
@@ -66,6 +69,7 @@ class ServerState:
 
     def encode(self, req: GenerationRequest) -> list[int]:
         """Prompt or chat messages -> token ids, checked against the model's vocabulary and context."""
+        assert self.pipeline is not None  # loaded at startup, before the app takes a request
         target, codec = self.pipeline.target, self.pipeline.codec
         if isinstance(req.prompt, list):
             ids = list(req.prompt)
@@ -88,6 +92,7 @@ class ServerState:
         return ids
 
     def _encode_chat(self, req: GenerationRequest) -> list[int]:
+        assert self.pipeline is not None  # loaded at startup, before the app takes a request
         try:
             return self.pipeline.codec.encode(messages=req.messages, chat=True)
         except ConfigError as e:  # no chat template
