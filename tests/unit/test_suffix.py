@@ -16,13 +16,12 @@ from pipelinekit import EOS, ByteTokenizer, SlowBackend, printable_table
 from pipelinekit import VOCAB as BYTES
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig, SuffixOptions
-from spekula.cost import after_edit, match_length
 from spekula.engine import Engine
 from spekula.errors import ConfigError
 from spekula.options import add_model_options, add_suffix_options, spec_from_args
 from spekula.pipeline import Pipeline
 from spekula.proposers import SUFFIX, build_proposer, needs_model
-from spekula.proposers.base import NO_DRAFT
+from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, DraftClass
 from spekula.proposers.suffix import (
     ANCHORS,
     BYTES_PER_ENTRY,
@@ -125,7 +124,7 @@ def test_longest_match_wins():
     p = SuffixProposer(SuffixConfig(spec_factor=4.0))
     match = p.match(context)
     assert match.length == 3 and match.tokens[:3] == [3, 0, 9]
-    assert p.draft_class(context) == "suffix-2..3"
+    assert p.draft_class(context) == match_class(2) == DraftClass("suffix", 2, 3)
 
 
 def test_draft_follows_the_most_frequent_continuation():
@@ -169,8 +168,8 @@ def test_no_match_no_draft():
 
 
 def test_draft_class_buckets_the_match_length():
-    assert match_class(3, "resync") == "resync-2..3" and match_class(20, "resync") == "resync-16+"
-    assert [match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
+    assert str(match_class(3, AFTER_EDIT)) == "resync-2..3" and str(match_class(20, AFTER_EDIT)) == "resync-16+"
+    assert [str(match_class(n)) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
         "suffix-1",
         "suffix-2..3",
         "suffix-2..3",
@@ -183,7 +182,7 @@ def test_draft_class_buckets_the_match_length():
     ]
     text = list(range(100, 140))
     p = SuffixProposer()
-    assert p.draft_class([*text, 7, *text[:20]]) == "suffix-16+"
+    assert p.draft_class([*text, 7, *text[:20]]) == match_class(16) == DraftClass("suffix", 16)
     assert p.match([*text, 7, *text[:20]]).length == 20
     deep = list(range(200, 300))
     assert SuffixProposer(SuffixConfig(max_depth=40)).match([*deep, 7, *deep[:60]]).length == 40
@@ -209,7 +208,7 @@ def test_after_an_edit_the_copy_cursor_realigns_and_drafts_the_source():
     assert one_after is None or not one_after.resync
     match = follow(p, prompt, SOURCE[:10] + [7, 8, 110, 111])
     # the class counts the source tokens the cursor followed: a 4-token match, 6 more, then 2 after the edit
-    assert match.resync and p.draft_class(prompt + SOURCE[:10] + [7, 8, 110, 111]) == "resync-8..15"
+    assert match.resync and p.draft_class(prompt + SOURCE[:10] + [7, 8, 110, 111]) == match_class(8, AFTER_EDIT)
     assert match.tokens[:8] == SOURCE[13:21]
 
 
@@ -281,7 +280,7 @@ def test_the_cursor_survives_any_edited_copy():
             draft = p.propose(context, k, GREEDY, None).tokens
             assert len(draft) <= k and all(0 <= t < 60 for t in draft), (trial, end)
             draft_class = p.draft_class(context)
-            assert draft_class == NO_DRAFT or match_length(draft_class) >= 1
+            assert draft_class == NO_DRAFT or draft_class.length >= 1
             end += rng.randint(1, 4)
 
 
@@ -352,14 +351,14 @@ def test_a_match_only_in_earlier_requests_is_its_own_class_and_sets_no_cursor():
     finish(factory, [1, 2], earlier)
     p = factory.create()
     context = [3, 4, *earlier[:10]]
-    assert p.draft_class(context) == "recall-8..15" and p.match(context).recalled
+    assert p.draft_class(context) == match_class(8, RECALLED) and p.match(context).recalled
     assert p.propose(context, 4, GREEDY, None).tokens == earlier[10:14]
     assert p._cursor is None
     # the same text in this request's own prompt: a suffix match, and the cursor follows it
     q = factory.create()
     own = [3, *earlier[:20], 5, *earlier[:10]]
-    assert q.draft_class(own) == "suffix-8..15" and q._cursor is not None
-    assert match_length("recall-8..15") == 8 and not after_edit("recall-8..15")
+    assert q.draft_class(own) == match_class(8) and q._cursor is not None
+    assert p.draft_class(context).source == RECALLED and q.draft_class(own).source != RECALLED
 
 
 def test_namespaces_never_see_each_others_text():

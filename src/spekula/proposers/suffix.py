@@ -36,7 +36,7 @@ more) was copying, and moves it over each committed token; when the output leave
 cursor waits until two tokens in a row are found again within RESYNC_WINDOW tokens of where the edit
 began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
 followed, edits skipped, which the controller learns apart from suffix matches, and does not mark down for
-the rejections the edits cost: spekula.cost.draft_source). Their first token is accepted far more often
+the rejections the edits cost: spekula.draft_class). Their first token is accepted far more often
 than a short suffix match's (`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`
 measures both on a bench run's greedy outputs). What an edit replaced (at most MAX_SUBSTITUTED source
 tokens) is remembered for the request: drafts from the cursor apply it (a renamed variable is drafted
@@ -67,10 +67,10 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 
 from spekula.config import K_MAX, SamplingParams, SuffixOptions, is_int, is_number
-from spekula.cost import AFTER_EDIT, RECALLED
+from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, SUFFIX, DraftClass
 from spekula.errors import ConfigError
 from spekula.noise import PositionalNoise
-from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.verify import Verdict
 
 ANCHORS = (1, 2, 4, 8)  # anchor lengths indexed, ascending: a lookup starts from the longest that occurred
@@ -311,14 +311,15 @@ class SuffixMatch:
     recalled: bool = False  # the draft's first token continues only earlier requests' text, none of this request's
 
 
-def match_class(length: int, kind: str = "suffix") -> str:
-    """A match length's draft class: "suffix-1", "suffix-2..3", "suffix-4..7", "suffix-8..15", "suffix-16+"
-    (kind AFTER_EDIT, "resync": a draft that follows the copy cursor after an edit, by the source tokens it
-    followed; kind RECALLED, "recall": a match held only by earlier requests' outputs)."""
+def match_class(length: int, kind: str = SUFFIX) -> DraftClass:
+    """A match length's draft class, its bucket of CLASS_BOUNDS: "suffix-1", "suffix-2..3", "suffix-4..7",
+    "suffix-8..15", "suffix-16+" (kind AFTER_EDIT, "resync": a draft that follows the copy cursor after an
+    edit, by the source tokens it followed; kind RECALLED, "recall": a match held only by earlier requests'
+    outputs)."""
     for lo, hi in pairwise(CLASS_BOUNDS):
         if length < hi:
-            return f"{kind}-{lo}" if hi == lo + 1 else f"{kind}-{lo}..{hi - 1}"
-    return f"{kind}-{CLASS_BOUNDS[-1]}+"
+            return DraftClass(kind, lo, hi - 1)
+    return DraftClass(kind, CLASS_BOUNDS[-1])
 
 
 class SuffixProposer(Proposer):
@@ -374,11 +375,11 @@ class SuffixProposer(Proposer):
     def observe(self, context: list[int], verdict: Verdict) -> None:
         self._sync(context)
 
-    def draft_class(self, context: list[int]) -> str:
+    def draft_class(self, context: list[int]) -> DraftClass:
         match = self.match(context)
         if match is None:
             return NO_DRAFT
-        return match_class(match.length, AFTER_EDIT if match.resync else RECALLED if match.recalled else "suffix")
+        return match_class(match.length, AFTER_EDIT if match.resync else RECALLED if match.recalled else SUFFIX)
 
     def close(self) -> None:
         """The request is over: its output (and prompt, with cache_prompts) joins the cache."""
