@@ -231,28 +231,30 @@ def test_an_edit_made_again_keeps_the_cursor_in_step():
     p = SuffixProposer()
     output = SOURCE[:10] + [7, 8] + SOURCE[11:21] + [7]
     inside = follow(p, prompt, output)
-    assert not p._edit and inside.resync and inside.tokens[:3] == [8, *SOURCE[22:24]]  # the rest of the edit first
+    assert (
+        not p.cursor.edit and inside.resync and inside.tokens[:3] == [8, *SOURCE[22:24]]
+    )  # the rest of the edit first
     match = follow(p, prompt, [*output, 8, *SOURCE[22:24]])
-    assert not p._edit and p._cursor[1] == 24
+    assert not p.cursor.edit and p.cursor.source[1] == 24
     assert match.resync and match.tokens[:4] == SOURCE[24:28]
     # an output that leaves the remembered edit halfway is an edit again
     q = SuffixProposer()
     follow(q, prompt, SOURCE[:10] + [7, 8] + SOURCE[11:21] + [7, 60])
-    assert q._edit == [60]
+    assert q.cursor.edit == [60]
 
 
 def test_a_request_remembers_a_bounded_number_of_substitutions():
     """Each draft from the cursor tries every remembered substitution, so a long edited copy keeps the
     latest MAX_SUBSTITUTIONS only."""
-    from spekula.proposers.suffix import MAX_SUBSTITUTIONS
+    from spekula.proposers.copy_cursor import MAX_SUBSTITUTIONS
 
     words = [(1000 + i, 2000 + i, 3000 + i, 4000 + i, 6000 + i, 7000 + i) for i in range(60)]  # 2000 + i: a name
     source = [t for w in words for t in w]
     output = [t for w in words for t in (w[0], w[1] + 3000, *w[2:])]  # every name replaced
     p = SuffixProposer()
     follow(p, [*source, 99], output)
-    assert len(words) > MAX_SUBSTITUTIONS and len(p._substitutions) == MAX_SUBSTITUTIONS
-    assert p._substitutions.get((2059,)) == (5059,) and (2000,) not in p._substitutions  # the latest kept
+    assert len(words) > MAX_SUBSTITUTIONS and len(p.cursor.substitutions) == MAX_SUBSTITUTIONS
+    assert p.cursor.substitutions.get((2059,)) == (5059,) and (2000,) not in p.cursor.substitutions  # the latest kept
 
 
 def test_the_cursor_survives_any_edited_copy():
@@ -288,8 +290,8 @@ def test_the_cursor_gives_up_on_text_that_is_not_a_copy():
     prompt = [*SOURCE, 99]
     p = SuffixProposer()
     follow(p, prompt, SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8])
-    assert p._cursor is None  # RESYNC_PATIENCE tokens off the source
-    assert p.match(prompt + SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8, 110, 111]) is None or not p._realigned
+    assert p.cursor.source is None  # RESYNC_PATIENCE tokens off the source
+    assert p.match(prompt + SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8, 110, 111]) is None or not p.cursor.realigned
 
 
 def test_never_drafts_ids_outside_the_vocabulary():
@@ -353,11 +355,11 @@ def test_a_match_only_in_earlier_requests_is_its_own_class_and_sets_no_cursor():
     context = [3, 4, *earlier[:10]]
     assert p.draft_class(context) == match_class(8, RECALLED) and p.match(context).recalled
     assert p.propose(context, 4, GREEDY, None).tokens == earlier[10:14]
-    assert p._cursor is None
+    assert p.cursor.source is None
     # the same text in this request's own prompt: a suffix match, and the cursor follows it
     q = factory.create()
     own = [3, *earlier[:20], 5, *earlier[:10]]
-    assert q.draft_class(own) == match_class(8) and q._cursor is not None
+    assert q.draft_class(own) == match_class(8) and q.cursor.source is not None
     assert p.draft_class(context).source == RECALLED and q.draft_class(own).source != RECALLED
 
 
