@@ -55,9 +55,10 @@ from spekula.backends.base import Sequence as KVSequence
 from spekula.config import K_MAX, SamplingParams, SpecConfig, StopConfig
 from spekula.control import Controller, FixedK
 from spekula.cost import POSITIONS, CostModel
+from spekula.draft_class import NO_DRAFT, DraftClass
 from spekula.engine import Engine
 from spekula.proposers import build_proposer
-from spekula.proposers.base import NO_DRAFT, Proposer
+from spekula.proposers.base import Proposer
 from spekula.proposers.ngram import NgramProposer
 
 NAMESPACE = "replay"  # one namespace for the whole replay: later prompts draft from earlier outputs, as in a run
@@ -381,7 +382,7 @@ def main() -> int:
     wanted = set(args.categories.split(",")) if args.categories else None
     requests, vocab = load_requests(args.results)
     if args.by_class:
-        counts: dict[str, list[list[int]]] = {}
+        counts: dict[DraftClass, list[list[int]]] = {}
         spec = SpecConfig(k=None, ngram_max=args.ngram_max, ngram_min=args.ngram_min)
         factory = build_proposer(args.draft.split(",")[0].strip(), spec, target=ReplayBackend(*vocab))  # one per run
         for r in requests:
@@ -391,7 +392,7 @@ def main() -> int:
             proposer.close()
         positions = [f"position {i + 1}" + ("+" if i == POSITIONS - 1 else "") for i in range(POSITIONS)]
         print("draft class | " + " | ".join(positions))
-        for draft_class in sorted(counts, reverse=True):
+        for draft_class in sorted(counts, key=str, reverse=True):  # by name, as the table always listed them
             cells = [f"{a / n:.2f} of {n}" if n else "-" for a, n in counts[draft_class]]
             print(f"{draft_class} | " + " | ".join(cells))
         return 0

@@ -45,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spekula.config import K_MAX, SamplingParams, SpecConfig  # noqa: E402
 from spekula.control import FixedK  # noqa: E402
 from spekula.cost import CostModel  # noqa: E402
+from spekula.draft_class import NO_DRAFT, DraftClass  # noqa: E402
 from spekula.engine import Engine  # noqa: E402
 from spekula.noise import PositionalNoise  # noqa: E402
-from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory  # noqa: E402
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory  # noqa: E402
 from spekula.proposers.suffix import SuffixConfig, SuffixFactory  # noqa: E402
 from spekula.verify import Verdict  # noqa: E402
 
@@ -58,7 +59,7 @@ MOD_MULTIPLIER = 6364136223846793005  # its hash (common/ngram-mod.cpp:53-63), o
 MOD_OCCUPANCY_RESET = 0.25  # begin() resets the pool above this occupancy (speculative.cpp:1914-1919)
 MOD_CHUNK = 32  # new n-grams join the pool once this many have piled up (speculative.cpp:1940)
 MOD_LOW_ACCEPTANCE, MOD_LOW_STREAK = 0.25, 5  # accept(): this many drafts in a row below this fraction reset it
-SERVER_CLASS = "server-rule"  # the draft class of a server rule's draft (FixedK ignores it; NO_DRAFT: none)
+SERVER_CLASS = DraftClass("server-rule")  # the draft class of a server rule's draft (FixedK ignores it; NO_DRAFT: none)
 
 
 def ngram_simple_draft(tokens: list[int], sampled: int, n: int, m: int) -> list[int]:
@@ -182,7 +183,7 @@ class ServerRuleProposer(Proposer):
             self._last = (len(context), self.factory.draft(context[:-1], context[-1]))
         return self._last[1]
 
-    def draft_class(self, context: list[int]) -> str:
+    def draft_class(self, context: list[int]) -> DraftClass:
         return SERVER_CLASS if self._rule(context) else NO_DRAFT
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionalNoise | None) -> Draft:

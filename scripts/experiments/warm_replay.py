@@ -5,7 +5,7 @@ that has been running sees them. One engine (one cost model, one suffix-cache na
 request of the run except the held-out ones (--new), in the run's order, then the held-out ones. Each held-out
 request is also replayed on a fresh engine (nothing remembered, nothing learnt), and per request the script prints
 the decode speedup over plain decoding at the given pass costs, warm and cold, and what was drafted and accepted
-per draft source (spekula.cost.draft_source: the request's own text, earlier requests' outputs "recall", the copy
+per draft source (spekula.draft_class: the request's own text, earlier requests' outputs "recall", the copy
 cursor after an edit "resync"), so a loss on a warm server can be traced to the drafts that cost it.
 
 --spread prints instead, per request of the run (every one warm, in the run's order), how often the first token of
@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig  # noqa: E402
-from spekula.cost import CostModel, draft_source  # noqa: E402
-from spekula.proposers.base import NO_DRAFT  # noqa: E402
+from spekula.cost import CostModel  # noqa: E402
+from spekula.draft_class import NO_DRAFT, draft_source  # noqa: E402
 from spekula.trace import ListTrace  # noqa: E402
 
 from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine  # noqa: E402
@@ -85,7 +85,7 @@ def spread(requests: list[Request], vocab) -> None:
         for pos in range(len(request.output)):
             context = request.prompt + request.output[:pos]
             draft_class = proposer.draft_class(context)
-            if draft_class == NO_DRAFT or draft_class.endswith("-1"):
+            if draft_class == NO_DRAFT or draft_class.length == 1:
                 continue
             first = proposer.propose(context, 1, SamplingParams(), None).tokens
             seen = counts.setdefault(draft_source(draft_class), [0, 0])

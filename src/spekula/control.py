@@ -16,7 +16,7 @@ and `--trace` carry.
 Engine-wide acceptance is a prior, not a verdict. A class never seen starts from what its match length
 says (cost.base_acceptance: a long n-gram or suffix match is itself evidence of copying); learnt rates
 relax back towards that base (cost.HALF_LIFE); and a request's own drafts scale the odds of every
-class of their source (cost.draft_source: this request's own text, earlier requests' outputs, the copy
+class of their source (DraftClass.source: this request's own text, earlier requests' outputs, the copy
 cursor after an edit). Memory of earlier requests earns its drafts per request: whether it holds this
 request's text is the request's own business, so a rejected recalled draft all but switches memory off for
 the request (AdaptiveK.acceptance), and what the request's own text did lends memory nothing, neither odds
@@ -43,8 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spekula.config import K_MAX
-from spekula.cost import CONTEXT, POSITIONS, RECALLED, SOURCES, CostModel, base_acceptance, draft_source
-from spekula.proposers.base import NO_DRAFT
+from spekula.cost import POSITIONS, CostModel, base_acceptance
+from spekula.draft_class import CONTEXT, NO_DRAFT, RECALLED, SOURCES, DraftClass, draft_source
 
 
 class Controller(ABC):
@@ -54,13 +54,13 @@ class Controller(ABC):
     reason: str | None = None  # why the last choice was made, for the step record (e.g. "speculate: k=7 ...")
 
     @abstractmethod
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: DraftClass | None = None) -> int:
         """k for the next step. remaining: tokens the request may still emit (None: unknown);
         catch_up: context tokens the draft must process before its first draft (a cold draft cache);
         draft_class: what the proposer knows of its next draft (Proposer.draft_class; NO_DRAFT: it
         has none to offer, so k = 0)."""
 
-    def outlook(self, draft_class: str | None = None) -> tuple[list[float], int] | None:
+    def outlook(self, draft_class: DraftClass | None = None) -> tuple[list[float], int] | None:
         """For a batching scheduler choosing this request's k (CostModel.best_ks): the expected
         acceptance of its next draft by position, and the longest draft it may make; None: nothing
         to weigh (no draft to offer, or a controller with a fixed k: the scheduler leaves it be)."""
@@ -74,7 +74,7 @@ class Controller(ABC):
         draft_s: float,
         score_s: float | None,
         catch_up: int = 0,
-        draft_class: str | None = None,
+        draft_class: DraftClass | None = None,
     ) -> None:
         """Outcome of one step: what was drafted and accepted, and what the draft and the verify pass
         cost (score_s None: the pass ran inside a batch, so its time is not this request's).
@@ -86,7 +86,7 @@ class Controller(ABC):
         """Whether plain steps should keep shadow drafts aside for observe_shadow. Default: no."""
         return False
 
-    def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
+    def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: DraftClass | None = None) -> None:
         """A draft made at a plain step and not verified, settled by the tokens emitted since (spekula.shadow):
         how many of its leading tokens would have been accepted. Nothing was run for it. Default: ignored."""
 
@@ -95,7 +95,7 @@ class Controller(ABC):
 class FixedK(Controller):
     k: int
 
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: DraftClass | None = None) -> int:
         if draft_class == NO_DRAFT:
             self.reason = NO_DRAFT_REASON
             return 0
@@ -130,7 +130,7 @@ class Evidence:
         return accepted / ((self.rejected + weight) / (self.expected_rejected + weight))
 
 
-def _text(draft_class: str | None) -> str:
+def _text(draft_class: DraftClass | None) -> str:
     """Whose text a draft of this class copies, which slow start is kept apart by (AdaptiveK.k_cap): earlier
     requests' outputs (RECALLED), or this request's own (CONTEXT: the copy cursor after an edit included)."""
     return RECALLED if draft_source(draft_class) == RECALLED else CONTEXT
@@ -155,7 +155,7 @@ class AdaptiveK(Controller):
     recall_prior_weight: float = 0.25  # ... for drafts from earlier requests' outputs (see acceptance)
     decay: float = 0.9  # older steps count less: acceptance drifts with the text
 
-    # What this request has learnt (not configuration), per draft source (cost.draft_source): how much
+    # What this request has learnt (not configuration), per draft source (DraftClass.source): how much
     # likelier than usual its drafts of that source pass.
     _evidence: dict[str, Evidence] = field(
         default_factory=lambda: {source: Evidence() for source in SOURCES}, init=False, repr=False
@@ -173,7 +173,7 @@ class AdaptiveK(Controller):
     # Whether this request has verified a draft yet (shadow drafts teach it, but leave it a new request).
     _verified: bool = field(default=False, init=False, repr=False)
 
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: str | None = None) -> int:
+    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: DraftClass | None = None) -> int:
         self._probing = False
         if draft_class == NO_DRAFT:  # nothing to draft: not a decision, and not a plain step towards a probe
             self.predicted_speedup = 1.0
@@ -203,7 +203,7 @@ class AdaptiveK(Controller):
         best, j = max(zip(speedups[1:], range(1, len(speedups)), strict=True))  # ties to the longer draft
         return f"plain: best k={j} predicts {best:.2f}x"
 
-    def _how_far(self, alpha: Sequence[float], draft_class: str | None = None) -> tuple[int, float]:
+    def _how_far(self, alpha: Sequence[float], draft_class: DraftClass | None = None) -> tuple[int, float]:
         """(k, predicted speedup) fastest at this acceptance, up to the class's slow-start cap (k 0: plain wins)."""
         return self.costs.best_k(alpha, self.cap(draft_class))
 
@@ -215,7 +215,7 @@ class AdaptiveK(Controller):
         """Speculation pays again: the next stretch of plain steps waits first_probe_gap before probing."""
         self._plain_steps, self._probe_gap = 0, self.first_probe_gap
 
-    def _probe_due(self, remaining: int | None, catch_up: int, draft_class: str | None = None) -> bool:
+    def _probe_due(self, remaining: int | None, catch_up: int, draft_class: DraftClass | None = None) -> bool:
         """Count one more plain step; True when it should be a probe instead: one drafted token that
         tells whether acceptance came back. Each probe costs a wider pass and a draft step, so probes
         that change nothing come ever less often (the gap doubles, up to max_probe_every); one that
@@ -261,7 +261,7 @@ class AdaptiveK(Controller):
         saved_per_token = c.target_cost(1) - 1.0 / c.tokens_per_s(alpha, k)
         return remaining * saved_per_token > catch_up * c.draft_prefill_s_per_token
 
-    def outlook(self, draft_class: str | None = None) -> tuple[list[float], int] | None:
+    def outlook(self, draft_class: DraftClass | None = None) -> tuple[list[float], int] | None:
         """Expected acceptance of a draft of this class (acceptance()), up to the slow-start cap;
         None when the proposer has nothing to draft."""
         if draft_class == NO_DRAFT:
@@ -276,10 +276,10 @@ class AdaptiveK(Controller):
         rejected = sum(e.rejected for e in self._evidence.values())
         return (accepted + prior * self.costs.alpha) / (accepted + rejected + prior)
 
-    def acceptance(self, draft_class: str | None = None) -> list[float]:
+    def acceptance(self, draft_class: DraftClass | None = None) -> list[float]:
         """Expected acceptance of a draft of this class, by position: the engine-wide rates for the
         class, with their odds scaled by this request's own evidence from drafts of the same source
-        (cost.draft_source). Requests differ from each other more than a class's rates do (a JSON
+        (DraftClass.source). Requests differ from each other more than a class's rates do (a JSON
         extraction copies its prompt after a 1-token match far more often than a chat reply does), and
         one factor for all of a source's classes learns that from every draft of it the request has
         verified, whichever class they were.
@@ -343,7 +343,7 @@ class AdaptiveK(Controller):
         the cap of drafts from the request's own text (the copy cursor's included)."""
         return self.cap(None)
 
-    def cap(self, draft_class: str | None = None) -> int:
+    def cap(self, draft_class: DraftClass | None = None) -> int:
         """The slow-start cap (k_cap) for a draft of this class: that of the text it copies (_text)."""
         cap = self._caps.get(_text(draft_class))
         if cap is not None:
@@ -364,7 +364,7 @@ class AdaptiveK(Controller):
         draft_s: float,
         score_s: float | None,
         catch_up: int = 0,
-        draft_class: str | None = None,
+        draft_class: DraftClass | None = None,
     ) -> None:
         self.costs.tick()
         if score_s is not None:
@@ -384,7 +384,7 @@ class AdaptiveK(Controller):
         teach it (in the bench, shadows all along made JSON and prose requests draft where they lost)."""
         return not self._verified
 
-    def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
+    def observe_shadow(self, num_drafted: int, num_accepted: int, draft_class: DraftClass | None = None) -> None:
         """Learnt as a verified draft is (this request's odds, the engine-wide rates of its class): a shadow is
         the same draft at the same point, only nobody paid for its rows. The slow-start cap doubles only for
         a shadow at least as long as the cap: a few matching tokens do not prove that a long draft would
@@ -393,7 +393,9 @@ class AdaptiveK(Controller):
         if num_drafted:
             self._learn(num_drafted, num_accepted, draft_class, proves_cap=num_drafted >= self.cap(draft_class))
 
-    def _learn(self, num_drafted: int, num_accepted: int, draft_class: str | None, proves_cap: bool = True) -> None:
+    def _learn(
+        self, num_drafted: int, num_accepted: int, draft_class: DraftClass | None, proves_cap: bool = True
+    ) -> None:
         """What a settled draft of num_drafted tokens, num_accepted of them accepted, says of acceptance."""
         rejected = 1.0 if num_accepted < num_drafted else 0.0
         source = draft_source(draft_class)

@@ -20,13 +20,13 @@ import bisect
 import functools
 import heapq
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from spekula.config import K_MAX
+from spekula.draft_class import DraftClass
 
 EMA = 0.2  # weight of a new timing observation
 CLASS_EMA = 0.1  # weight of a new acceptance observation in a draft class's engine-wide rates
@@ -52,45 +52,7 @@ DRIFT = 0.3
 RECALIBRATE_GAP = 256
 
 
-AFTER_EDIT = "resync"  # the kind of a suffix-lookup draft class after an edit (proposers.suffix.match_class)
-RECALLED = "recall"  # ... and of one matched only in earlier requests' outputs, not in this request's own text
-CONTEXT = "context"  # the source of every other draft: this request's own text (n-gram, suffix lookup) or a draft model
-SOURCES = (CONTEXT, RECALLED, AFTER_EDIT)  # draft_source's answers
-_MATCH_CLASS = re.compile(rf"(\d+)-gram|(?:suffix|{AFTER_EDIT}|{RECALLED})-(\d+)(?:\.\.\d+|\+)?")
-
-
-@functools.lru_cache(maxsize=1024)  # called for every class at every step (CostModel.tick)
-def match_length(draft_class: str | None) -> int | None:
-    """The matched length a model-free proposer's draft class names (n-gram lookup: "4-gram" -> 4; suffix
-    lookup: "suffix-8..15" -> 8, the bucket's shortest; after an edit, "resync-2..3" -> 2, the tokens the copy
-    cursor realigned on), or None for a class that names none."""
-    if draft_class is None:
-        return None
-    found = _MATCH_CLASS.fullmatch(draft_class)
-    if found is None:
-        return None
-    return int(found.group(1) or found.group(2))
-
-
-def after_edit(draft_class: str | None) -> bool:
-    """A draft that follows a copied text again after an edit (suffix lookup's copy cursor: "resync-N")."""
-    return draft_source(draft_class) == AFTER_EDIT
-
-
-@functools.lru_cache(maxsize=1024)  # asked several times a step (control.AdaptiveK)
-def draft_source(draft_class: str | None) -> str:
-    """Where a draft of this class comes from, which a request's evidence is kept apart by (control.AdaptiveK):
-    RECALLED, earlier requests' outputs (suffix lookup's memory: "recall-N"); AFTER_EDIT, a copied text followed
-    again after an edit (suffix lookup's copy cursor: "resync-N"); CONTEXT, anything else (this request's own
-    text, a draft model)."""
-    if draft_class is not None:
-        for source in (RECALLED, AFTER_EDIT):
-            if draft_class.startswith(f"{source}-"):
-                return source
-    return CONTEXT
-
-
-def base_acceptance(draft_class: str | None) -> list[float] | None:
+def base_acceptance(draft_class: DraftClass | None) -> list[float] | None:
     """What a draft after a match of m tokens is expected to get by position, before any evidence:
     m / (m + 2) at the first position (Laplace's rule of succession after m matching tokens and one
     miss), and at position i as if the match were i tokens longer, since an accepted token lengthens
@@ -101,9 +63,9 @@ def base_acceptance(draft_class: str | None) -> list[float] | None:
 
 
 @functools.lru_cache(maxsize=1024)  # read for every class at every step (CostModel.tick)
-def _base(draft_class: str | None) -> tuple[float, ...] | None:
+def _base(draft_class: DraftClass | None) -> tuple[float, ...] | None:
     """base_acceptance, as a tuple nobody can change."""
-    m = match_length(draft_class)
+    m = None if draft_class is None else draft_class.length
     if m is None:
         return None
     return tuple((m + i) / (m + i + 2) for i in range(POSITIONS))
@@ -172,7 +134,7 @@ class CostModel:
     draft_s_per_token: float = 0.0
     draft_prefill_s_per_token: float = 0.0  # a cold draft's catch-up on the context, per token
     alpha: float = PRIOR_ALPHA
-    acceptance: dict[str | None, list[float | None]] = field(default_factory=dict)  # None: not reached yet
+    acceptance: dict[DraftClass | None, list[float | None]] = field(default_factory=dict)  # None: not reached yet
     frozen: bool = False  # ignore timing observations (given costs, e.g. from `spekula tune`, or tests)
     calibrated: dict[int, float] = field(default_factory=dict)  # target_s as calibrate left it
     steps: int = field(default=0, init=False)  # engine steps so far (tick): the clock priors relax by
@@ -250,7 +212,7 @@ class CostModel:
         per = seconds / tokens
         self.draft_s_per_token = (1 - EMA) * self.draft_s_per_token + EMA * per if self.draft_s_per_token else per
 
-    def observe_acceptance(self, num_drafted: int, num_accepted: int, draft_class: str | None = None) -> None:
+    def observe_acceptance(self, num_drafted: int, num_accepted: int, draft_class: DraftClass | None = None) -> None:
         """One step's outcome: the first num_accepted of num_drafted draft tokens were accepted."""
         rejected = 1 if num_accepted < num_drafted else 0
         rates = self.acceptance.setdefault(draft_class, [None] * POSITIONS)
@@ -261,7 +223,7 @@ class CostModel:
             rates[j] = (1 - CLASS_EMA) * old + CLASS_EMA * (i < num_accepted)
         self.alpha = (1 - EMA) * self.alpha + EMA * num_accepted / (num_accepted + rejected)
 
-    def prior_acceptance(self, draft_class: str | None = None) -> list[float]:
+    def prior_acceptance(self, draft_class: DraftClass | None = None) -> list[float]:
         """What a draft of this class is expected to get, by position, before a request has evidence:
         the class's learnt rates; where it has none, its base_acceptance (its match length), else, for
         a class that names no match length, what the position before it gets (alpha at the first).

@@ -26,12 +26,13 @@ import torch
 from spekula.backends.base import Backend, Sequence
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import NO_DRAFT_REASON, AdaptiveK, Controller, FixedK
-from spekula.cost import CostModel, match_length
+from spekula.cost import CostModel
 from spekula.divergence import ranked
+from spekula.draft_class import NO_DRAFT, DraftClass
 from spekula.limits import check_prompt
 from spekula.noise import request_noise
 from spekula.prompt_cache import PromptCache
-from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
 from spekula.shadow import SHADOW_MIN_MATCH, ShadowDraft
 from spekula.trace import DraftedToken, Recorder, RequestStats, StepRecord
@@ -153,7 +154,7 @@ class Generation:
         self._prefill_done = False
         self._folded: list[int] | None = None  # the prompt's last chunk, left to the first step's pass (fold)
         self._step = 0
-        self._class_at: tuple[int, str | None] | None = None  # (committed length, its draft class): _draft_class
+        self._class_at: tuple[int, DraftClass | None] | None = None  # (committed length, its draft class): _draft_class
         self._shadow: ShadowDraft | None = None  # a free draft not verified, until emitted tokens settle it
         self._finished = False
         self._steps = self._run()
@@ -203,7 +204,7 @@ class Generation:
         acceptance, k_cap = outlook
         return acceptance, min(k_cap, self._budget() - 1)
 
-    def _draft_class(self) -> str | None:
+    def _draft_class(self) -> DraftClass | None:
         """The proposer's draft class for the committed tokens, asked once per step (outlook() and
         plan() both need it in a batching server's round)."""
         if self.proposer is None:
@@ -433,14 +434,14 @@ class Generation:
             draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
         return draft
 
-    def _open_shadow(self, proposer: Proposer | None, committed: list[int], draft_class: str | None) -> None:
+    def _open_shadow(self, proposer: Proposer | None, committed: list[int], draft_class: DraftClass | None) -> None:
         """At a plain step, keep aside the draft a free proposer would have made (spekula.shadow). The cheap
         checks first: with shadow drafts off (the default) a plain step pays one attribute read."""
         if not self.engine.spec.shadow_drafts or self._shadow is not None or proposer is None:
             return
         if not proposer.free_to_draft or not self.controller.wants_shadows:
             return
-        if (match_length(draft_class) or 0) < SHADOW_MIN_MATCH:
+        if draft_class is None or (draft_class.length or 0) < SHADOW_MIN_MATCH:
             return
         k_max = self.engine.spec.k_max  # the longest draft the controller could have verified here
         draft = proposer.propose(committed, k_max, self.sampling, None)
@@ -515,7 +516,7 @@ class PlannedStep:
     started_at: float
     drafted_at: float
     catch_up: int = 0  # context tokens the proposer processed before drafting (a cold draft's prefill)
-    draft_class: str | None = None  # what the proposer knew of the draft beforehand (Proposer.draft_class)
+    draft_class: DraftClass | None = None  # what the proposer knew of the draft beforehand (Proposer.draft_class)
     reason: str | None = None  # why k was chosen (Controller.reason, or the batch's k)
     alone: bool = True  # the pass runs for this sequence alone (False: inside a batch)
     prompt: int = 0  # tokens at the front of `tokens` that finish the prompt's prefill (no logits wanted)

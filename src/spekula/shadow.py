@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from spekula.draft_class import DraftClass
+
 # Shadows are drafted only after a match of at least this many tokens. Copying shows itself in long
 # matches; one- to three-token matches are everywhere in prose, and shadows of them taught the controller
 # to draft in chat replies where verified drafts then failed (docs/decisions/0005-shadow-drafts-off.md).
@@ -39,7 +41,7 @@ class ShadowDraft:
     """A draft offered at a plain step and not verified, settled by the tokens emitted after it."""
 
     tokens: list[int]
-    draft_class: str | None
+    draft_class: DraftClass | None
     position: int  # committed tokens (prompt and output) the draft follows
     accepted: int = 0  # leading tokens the emitted ones matched so far
     settled: bool = False
@@ -60,7 +62,7 @@ class ShadowDraft:
     def to_dict(self) -> dict[str, object]:
         return {
             "position": self.position,
-            "draft_class": self.draft_class,
+            "draft_class": None if self.draft_class is None else self.draft_class.name,
             "tokens": list(self.tokens),
             "drafted": len(self.tokens),
             "accepted": self.accepted,

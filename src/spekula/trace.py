@@ -22,6 +22,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol
 
+from spekula.draft_class import DraftClass
+
 
 @dataclass
 class RequestStats:
@@ -137,7 +139,7 @@ class StepRecord:
     step: int
     position: int  # committed tokens before the step
     k: int  # draft length asked for
-    draft_class: str | None  # what the proposer knew of its draft beforehand (e.g. "4-gram"; None: nothing)
+    draft_class: DraftClass | None  # what the proposer knew of its draft beforehand (e.g. 4-gram; None: nothing)
     drafted: list[DraftedToken]
     accepted: int
     next_token: int
@@ -155,7 +157,10 @@ class StepRecord:
     shadow: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "step", **asdict(self)}
+        """As --trace writes it: the draft class by its name ("4-gram")."""
+        record = asdict(self)
+        record["draft_class"] = None if self.draft_class is None else self.draft_class.name
+        return {"type": "step", **record}
 
 
 class Recorder(Protocol):

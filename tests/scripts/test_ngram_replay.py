@@ -10,6 +10,7 @@ import pytest
 from spekula.config import SpecConfig
 from spekula.control import FixedK
 from spekula.cost import CostModel
+from spekula.draft_class import ngram_class
 
 from scriptkit import loaded
 
@@ -106,6 +107,6 @@ def test_acceptance_is_counted_by_draft_class_and_position(script):
     script.acceptance_by_class(prompt, output, 8, 4, 1, counts)
     # position 0: "1-gram" (7) drafts 1, 2, 3: two accepted, the third reached and rejected;
     # position 1: "2-gram" (7, 1) drafts 2, 3: one accepted, then rejected; position 2: "3-gram" drafts 3: rejected.
-    assert counts["1-gram"][:3] == [[1, 1], [1, 1], [0, 1]]
-    assert counts["2-gram"][:2] == [[1, 1], [0, 1]]
-    assert counts["3-gram"][0] == [0, 1]
+    assert counts[ngram_class(1)][:3] == [[1, 1], [1, 1], [0, 1]]
+    assert counts[ngram_class(2)][:2] == [[1, 1], [0, 1]]
+    assert counts[ngram_class(3)][0] == [0, 1]

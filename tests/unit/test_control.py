@@ -1,15 +1,17 @@
 """The --k auto controller: how far, speculate, probe; and what it learns per request and per draft class."""
 
 import dataclasses
+import json
 
 import pytest
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK, FixedK
-from spekula.cost import HALF_LIFE, CostModel, base_acceptance, match_length
+from spekula.cost import HALF_LIFE, CostModel, base_acceptance
+from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, DraftClass, ngram_class
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
-from spekula.proposers.base import NO_DRAFT
+from spekula.proposers.suffix import match_class
 from spekula.testing import random_table_backend
 from spekula.trace import JsonlTrace, ListTrace
 
@@ -152,30 +154,30 @@ def test_acceptance_is_learnt_per_draft_class():
     costs = llamacpp_like()  # n-gram lookup: drafts are free, wide passes are dear
     ctl = AdaptiveK(costs, k_max=8)
     for _ in range(20):  # what other requests saw: long matches copy, one-token matches rarely do
-        ctl.observe(2, 2, 2, 0.0, 0.14, draft_class="4-gram")
-        ctl.observe(1, 1, 0, 0.0, 0.14, draft_class="1-gram")
-    assert costs.prior_acceptance("4-gram")[0] > 0.85 and costs.prior_acceptance("1-gram")[0] < 0.15
+        ctl.observe(2, 2, 2, 0.0, 0.14, draft_class=ngram_class(4))
+        ctl.observe(1, 1, 0, 0.0, 0.14, draft_class=ngram_class(1))
+    assert costs.prior_acceptance(ngram_class(4))[0] > 0.85 and costs.prior_acceptance(ngram_class(1))[0] < 0.15
     assert 0.3 < costs.alpha < 0.7  # one rate for both would be wrong for each
     new = AdaptiveK(costs, k_max=8)
-    assert new.choose_k(draft_class="1-gram") == 0
-    assert new.choose_k(draft_class="4-gram") >= 1 and new.predicted_speedup > 1.2
+    assert new.choose_k(draft_class=ngram_class(1)) == 0
+    assert new.choose_k(draft_class=ngram_class(4)) >= 1 and new.predicted_speedup > 1.2
     # a request whose long matches do not copy learns that for itself, and stops betting on them
     for _ in range(4):
-        new.observe(1, 1, 0, 0.0, 0.14, draft_class="4-gram")
-    assert new.acceptance("4-gram")[0] < 0.5 and new.choose_k(draft_class="4-gram") == 0
+        new.observe(1, 1, 0, 0.0, 0.14, draft_class=ngram_class(4))
+    assert new.acceptance(ngram_class(4))[0] < 0.5 and new.choose_k(draft_class=ngram_class(4)) == 0
 
 
 def test_a_requests_own_evidence_carries_across_draft_classes():
     costs = llamacpp_like()
-    costs.acceptance = {"1-gram": [0.2] * 4, "2-gram": [0.4] * 4}  # what other requests got
+    costs.acceptance = {ngram_class(1): [0.2] * 4, ngram_class(2): [0.4] * 4}  # what other requests got
     ctl = AdaptiveK(costs, k_max=8)
-    assert ctl.choose_k(draft_class="1-gram") == 0
+    assert ctl.choose_k(draft_class=ngram_class(1)) == 0
     for _ in range(6):  # this request's 2-gram drafts pass far more often than the engine expects
-        ctl.observe(2, 2, 2, 0.0, 0.14, draft_class="2-gram")
-    assert ctl.acceptance("1-gram")[0] > 0.5  # so it expects more of its 1-gram drafts too ...
-    assert ctl.choose_k(draft_class="1-gram") >= 1  # ... and bets on them
+        ctl.observe(2, 2, 2, 0.0, 0.14, draft_class=ngram_class(2))
+    assert ctl.acceptance(ngram_class(1))[0] > 0.5  # so it expects more of its 1-gram drafts too ...
+    assert ctl.choose_k(draft_class=ngram_class(1)) >= 1  # ... and bets on them
     # what a new request expects is unchanged by this request's 2-gram drafts (only relaxed towards the base a bit)
-    assert costs.prior_acceptance("1-gram") == pytest.approx([0.2] * 4, abs=0.005)
+    assert costs.prior_acceptance(ngram_class(1)) == pytest.approx([0.2] * 4, abs=0.005)
 
 
 def test_a_draft_after_an_edit_is_not_judged_by_the_edits_rejections():
@@ -184,13 +186,13 @@ def test_a_draft_after_an_edit_is_not_judged_by_the_edits_rejections():
     it realigned on: such a draft expects what its class gets engine-wide, while the request's other
     classes are marked down."""
     costs = llamacpp_like()
-    costs.acceptance = {"suffix-8..15": [0.9] * 4, "resync-8..15": [0.9] * 4}
+    costs.acceptance = {match_class(8): [0.9] * 4, match_class(8, AFTER_EDIT): [0.9] * 4}
     ctl = AdaptiveK(costs, k_max=8)
     for _ in range(3):  # every draft of this request rejected at its first token: edits
-        ctl.observe(4, 4, 0, 0.0, 0.2, draft_class="suffix-8..15")
-    assert ctl.acceptance("suffix-8..15")[0] < 0.6
-    assert ctl.acceptance("resync-8..15") == costs.prior_acceptance("resync-8..15")
-    assert ctl.choose_k(draft_class="resync-8..15") >= 1
+        ctl.observe(4, 4, 0, 0.0, 0.2, draft_class=match_class(8))
+    assert ctl.acceptance(match_class(8))[0] < 0.6
+    assert ctl.acceptance(match_class(8, AFTER_EDIT)) == costs.prior_acceptance(match_class(8, AFTER_EDIT))
+    assert ctl.choose_k(draft_class=match_class(8, AFTER_EDIT)) >= 1
 
 
 def test_a_request_whose_own_text_copies_does_not_lend_that_to_memory():
@@ -198,61 +200,66 @@ def test_a_request_whose_own_text_copies_does_not_lend_that_to_memory():
     memory, not by its own text's: a request that copies its prompt says nothing of whether memory holds its
     answer, and memory that misleads it says nothing of its own text."""
     costs = llamacpp_like()
-    costs.acceptance = {"suffix-8..15": [0.8] * 4, "recall-8..15": [0.8] * 4}
+    costs.acceptance = {match_class(8): [0.8] * 4, match_class(8, RECALLED): [0.8] * 4}
     ctl = AdaptiveK(costs, k_max=8)
     for _ in range(6):  # its own text copies, far more often than the engine expects
-        ctl.observe(4, 4, 4, 0.0, 0.2, draft_class="suffix-8..15")
-    assert ctl.acceptance("suffix-8..15")[0] > 0.9
-    assert ctl.acceptance("recall-8..15") == costs.prior_acceptance("recall-8..15")
-    own = ctl.acceptance("suffix-8..15")
-    ctl.observe(4, 4, 0, 0.0, 0.2, draft_class="recall-8..15")  # memory misled it
-    assert ctl.acceptance("suffix-8..15") == pytest.approx(own, abs=0.01)
+        ctl.observe(4, 4, 4, 0.0, 0.2, draft_class=match_class(8))
+    assert ctl.acceptance(match_class(8))[0] > 0.9
+    assert ctl.acceptance(match_class(8, RECALLED)) == costs.prior_acceptance(match_class(8, RECALLED))
+    own = ctl.acceptance(match_class(8))
+    ctl.observe(4, 4, 0, 0.0, 0.2, draft_class=match_class(8, RECALLED))  # memory misled it
+    assert ctl.acceptance(match_class(8)) == pytest.approx(own, abs=0.01)
 
 
 def test_one_rejected_recalled_draft_switches_memory_off_for_the_request():
     costs = llamacpp_like()
-    costs.acceptance = {c: [0.9] * 4 for c in ("recall-4..7", "recall-8..15", "recall-16+")}  # memory usually helps
+    costs.acceptance = {
+        c: [0.9] * 4 for c in (match_class(4, RECALLED), match_class(8, RECALLED), match_class(16, RECALLED))
+    }  # memory usually helps
     ctl = AdaptiveK(costs, k_max=8)
-    assert ctl.choose_k(100, 0, "recall-16+") >= 1
-    ctl.observe(3, 3, 0, 0.0, 0.2, draft_class="recall-16+")  # ... but not this request
+    assert ctl.choose_k(100, 0, match_class(16, RECALLED)) >= 1
+    ctl.observe(3, 3, 0, 0.0, 0.2, draft_class=match_class(16, RECALLED))  # ... but not this request
     # no memory draft is bet on again (its classes are one source), and the next probe is a while off
-    assert [ctl.choose_k(100, 0, c) for c in ("recall-16+", "recall-8..15", "recall-4..7") * 2] == [0] * 6
+    assert [
+        ctl.choose_k(100, 0, c)
+        for c in (match_class(16, RECALLED), match_class(8, RECALLED), match_class(4, RECALLED)) * 2
+    ] == [0] * 6
     assert ctl.reason.startswith("plain: best k=")
     # where memory is right for a request, a miss (an edit) after a run of hits does not switch it off
     helped = AdaptiveK(costs, k_max=8)
     for _ in range(4):
-        k = helped.choose_k(100, 0, "recall-16+")
-        helped.observe(k, k, k, 0.0, costs.target_cost(k + 1), draft_class="recall-16+")
-    helped.observe(8, 8, 0, 0.0, costs.target_cost(9), draft_class="recall-16+")
-    assert helped.choose_k(100, 0, "recall-16+") >= 4
+        k = helped.choose_k(100, 0, match_class(16, RECALLED))
+        helped.observe(k, k, k, 0.0, costs.target_cost(k + 1), draft_class=match_class(16, RECALLED))
+    helped.observe(8, 8, 0, 0.0, costs.target_cost(9), draft_class=match_class(16, RECALLED))
+    assert helped.choose_k(100, 0, match_class(16, RECALLED)) >= 4
 
 
 def test_memory_starts_its_own_slow_start():
     """A fully rejected first draft from memory may cost a request at most SLOW_START_PASSES plain passes, even
     after the request's own text doubled its cap: that proved nothing of memory."""
     dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)
-    dear.acceptance = {"suffix-16+": [1.0] * 4, "recall-16+": [1.0] * 4}
+    dear.acceptance = {match_class(16): [1.0] * 4, match_class(16, RECALLED): [1.0] * 4}
     ctl = AdaptiveK(dear, k_max=8)
     first = ctl.k_cap
     for _ in range(3):
-        k = ctl.choose_k(100, 0, "suffix-16+")
-        ctl.observe(k, k, k, 0.0, dear.target_cost(k + 1), draft_class="suffix-16+")
-    assert ctl.choose_k(100, 0, "suffix-16+") == 8 > first
-    assert ctl.choose_k(100, 0, "recall-16+") == first and ctl.reason.endswith(f"slow start cap {first}")
-    assert ctl.outlook("recall-16+")[1] == first
+        k = ctl.choose_k(100, 0, match_class(16))
+        ctl.observe(k, k, k, 0.0, dear.target_cost(k + 1), draft_class=match_class(16))
+    assert ctl.choose_k(100, 0, match_class(16)) == 8 > first
+    assert ctl.choose_k(100, 0, match_class(16, RECALLED)) == first and ctl.reason.endswith(f"slow start cap {first}")
+    assert ctl.outlook(match_class(16, RECALLED))[1] == first
 
 
 def test_a_draft_after_an_edit_is_judged_by_its_own_record():
     """The copy cursor's drafts ("resync-N") are not marked down by what edits cost the request's other drafts
     (above), but a request whose own resync drafts keep failing stops betting on them."""
     costs = llamacpp_like()
-    costs.acceptance = {"resync-8..15": [0.9] * 4}
+    costs.acceptance = {match_class(8, AFTER_EDIT): [0.9] * 4}
     ctl = AdaptiveK(costs, k_max=8)
-    assert ctl.choose_k(100, 0, "resync-8..15") >= 1
+    assert ctl.choose_k(100, 0, match_class(8, AFTER_EDIT)) >= 1
     ks = []
     for _ in range(6):
-        k = ctl.choose_k(100, 0, "resync-8..15")
-        ctl.observe(k, k, 0, 0.0, costs.target_cost(k + 1), draft_class="resync-8..15")
+        k = ctl.choose_k(100, 0, match_class(8, AFTER_EDIT))
+        ctl.observe(k, k, 0, 0.0, costs.target_cost(k + 1), draft_class=match_class(8, AFTER_EDIT))
         ks.append(k)
     assert ks[-2:] == [0, 0]
 
@@ -265,7 +272,7 @@ def test_nothing_to_draft_is_plain_decoding_and_not_a_decision():
     # speculation is off; steps where the proposer has nothing do not count towards the next probe
     ks = [ctl.choose_k(draft_class=NO_DRAFT) for _ in range(10)] + [ctl.choose_k() for _ in range(4)]
     assert ks == [0] * 13 + [1]
-    assert FixedK(4).choose_k(draft_class=NO_DRAFT) == 0 and FixedK(4).choose_k(draft_class="2-gram") == 4
+    assert FixedK(4).choose_k(draft_class=NO_DRAFT) == 0 and FixedK(4).choose_k(draft_class=ngram_class(2)) == 4
 
 
 def test_the_trace_says_what_the_proposer_knew_before_drafting():
@@ -275,7 +282,13 @@ def test_the_trace_says_what_the_proposer_knew_before_drafting():
     engine = Engine(target, NgramFactory(4, 1), SpecConfig(k=4))
     engine.generate(prompt, SamplingParams(), StopConfig(max_tokens=16), trace).run()
     classes = {r.draft_class for r in trace.steps}
-    assert classes <= {NO_DRAFT, "1-gram", "2-gram", "3-gram", "4-gram"} and "4-gram" in classes
+    assert (
+        classes <= {NO_DRAFT, ngram_class(1), ngram_class(2), ngram_class(3), ngram_class(4)}
+        and ngram_class(4) in classes
+    )
+    # as --trace writes them: by name, as the classes were always named
+    names = {json.loads(json.dumps(r.to_dict()))["draft_class"] for r in trace.steps}
+    assert names == {str(c) for c in classes} and names <= {"no draft", "1-gram", "2-gram", "3-gram", "4-gram"}
     for r in trace.steps:
         budget = 16 - (r.position - len(prompt))
         assert (r.k == 0 and not r.drafted) if r.draft_class == NO_DRAFT else r.k == min(4, budget - 1)
@@ -395,10 +408,13 @@ def packed_fp32():  # native packed fp32 weights: wide passes cost little more t
 
 # A fake acceptance process per draft class: (how often the proposer offers each class, chance that each
 # drafted token of a class is accepted given the earlier ones were).
-COPIES = ({"4-gram": 0.8, "2-gram": 0.1, "1-gram": 0.1}, {"4-gram": 0.95, "2-gram": 0.8, "1-gram": 0.6})
+COPIES = (
+    {ngram_class(4): 0.8, ngram_class(2): 0.1, ngram_class(1): 0.1},
+    {ngram_class(4): 0.95, ngram_class(2): 0.8, ngram_class(1): 0.6},
+)
 COPIES_NOTHING = (
-    {NO_DRAFT: 0.5, "1-gram": 0.35, "2-gram": 0.1, "4-gram": 0.05},
-    {"4-gram": 0.05, "2-gram": 0.02, "1-gram": 0.01},
+    {NO_DRAFT: 0.5, ngram_class(1): 0.35, ngram_class(2): 0.1, ngram_class(4): 0.05},
+    {ngram_class(4): 0.05, ngram_class(2): 0.02, ngram_class(1): 0.01},
 )
 
 
@@ -464,58 +480,62 @@ def test_one_unlucky_first_request_does_not_switch_n_gram_drafting_off():
     # issue 14: native fp32, a 9-token pass ~1.2x one; the first request's drafts were all rejected
     costs = CostModel(target_s={1: 0.66, 2: 0.68, 9: 0.80, 17: 0.95}, frozen=True)
     unlucky = AdaptiveK(costs)
-    for draft_class in ("2-gram", "1-gram", "3-gram", "1-gram", "2-gram"):
+    for draft_class in (ngram_class(2), ngram_class(1), ngram_class(3), ngram_class(1), ngram_class(2)):
         k = unlucky.choose_k(100, 0, draft_class)
         unlucky.observe(k, k, 0, 0.0, costs.target_cost(k + 1), 0, draft_class)
     edit = AdaptiveK(costs)  # an edit that re-emits its prompt: long matches that pass
     ks = []
     for _ in range(6):
-        k = edit.choose_k(100, 0, "4-gram")
-        edit.observe(k, k, k, 0.0, costs.target_cost(k + 1), 0, "4-gram")
+        k = edit.choose_k(100, 0, ngram_class(4))
+        edit.observe(k, k, k, 0.0, costs.target_cost(k + 1), 0, ngram_class(4))
         ks.append(k)
     assert ks[0] >= 1 and ks[-1] >= 8
 
 
 def test_an_unseen_class_starts_from_its_match_length():
     costs = CostModel(alpha=0.1)  # whatever the engine-wide alpha, a long match is evidence of copying
-    assert base_acceptance("8-gram") == pytest.approx([8 / 10, 9 / 11, 10 / 12, 11 / 13])
-    assert match_length("suffix-8..15") == 8 and match_length("suffix-16+") == 16 and match_length("suffix-1") == 1
-    assert match_length("resync-2..3") == 2 and match_length("resync-16+") == 16  # after an edit: the realigned run
-    assert match_length(None) is None and match_length("draft") is None and base_acceptance(None) is None
-    assert costs.prior_acceptance("suffix-16+") == base_acceptance("suffix-16+")
+    assert base_acceptance(ngram_class(8)) == pytest.approx([8 / 10, 9 / 11, 10 / 12, 11 / 13])
+    # a suffix bucket's base is its shortest match's; after an edit, the run the copy cursor realigned on
+    assert base_acceptance(match_class(8)) == base_acceptance(match_class(15)) == base_acceptance(ngram_class(8))
+    assert base_acceptance(match_class(20, AFTER_EDIT)) == base_acceptance(ngram_class(16))
+    assert base_acceptance(match_class(1, RECALLED)) == base_acceptance(ngram_class(1))
+    assert base_acceptance(None) is None and base_acceptance(DraftClass("draft")) is None  # a class naming no match
+    assert costs.prior_acceptance(match_class(16)) == base_acceptance(match_class(16))
     assert (
-        costs.prior_acceptance("1-gram")[0] < costs.prior_acceptance("4-gram")[0] < costs.prior_acceptance("8-gram")[0]
+        costs.prior_acceptance(ngram_class(1))[0]
+        < costs.prior_acceptance(ngram_class(4))[0]
+        < costs.prior_acceptance(ngram_class(8))[0]
     )
     assert costs.prior_acceptance(None) == [0.1] * 4  # no match length: the engine-wide alpha
     # a rate learnt at the first position carries to later ones that short drafts never reach
-    costs.acceptance = {"4-gram": [0.97, 0.5, None, None]}
-    assert costs.prior_acceptance("4-gram") == [0.97] * 4
+    costs.acceptance = {ngram_class(4): [0.97, 0.5, None, None]}
+    assert costs.prior_acceptance(ngram_class(4)) == [0.97] * 4
 
 
 def test_learnt_rates_relax_towards_their_base():
     costs = CostModel()
     for _ in range(20):
-        costs.observe_acceptance(1, 0, "4-gram")
-    low = costs.prior_acceptance("4-gram")[0]
+        costs.observe_acceptance(1, 0, ngram_class(4))
+    low = costs.prior_acceptance(ngram_class(4))[0]
     assert low < 0.1 and costs.alpha < 0.1
     for _ in range(HALF_LIFE):
         costs.tick()
-    base = base_acceptance("4-gram")[0]
-    assert costs.prior_acceptance("4-gram")[0] == pytest.approx((low + base) / 2, rel=1e-3)
+    base = base_acceptance(ngram_class(4))[0]
+    assert costs.prior_acceptance(ngram_class(4))[0] == pytest.approx((low + base) / 2, rel=1e-3)
     assert costs.alpha > 0.3
 
 
 def test_an_accepted_probe_is_followed_by_another_and_a_rejected_one_waits():
     costs = llamacpp_measured()
-    costs.acceptance = {"4-gram": [0.05] * 4}  # what earlier requests taught: long matches do not copy
+    costs.acceptance = {ngram_class(4): [0.05] * 4}  # what earlier requests taught: long matches do not copy
     ctl = AdaptiveK(costs)
-    assert ctl.choose_k(100, 0, "1-gram") == 0  # a 1-token match alone could not pay here: not probed
+    assert ctl.choose_k(100, 0, ngram_class(1)) == 0  # a 1-token match alone could not pay here: not probed
     assert ctl.reason.startswith("plain: best k=1 predicts")
-    assert ctl.choose_k(100, 0, "4-gram") == 1 and ctl.reason.startswith("probe")  # a new request probes at once
-    ctl.observe(1, 1, 1, 0.0, 0.118, 0, "4-gram")
-    assert ctl.choose_k(100, 0, "4-gram") == 1  # it passed: probe again
-    ctl.observe(1, 1, 0, 0.0, 0.118, 0, "4-gram")
-    assert [ctl.choose_k(100, 0, "4-gram") for _ in range(ctl.first_probe_gap)][-2:] == [0, 1]
+    assert ctl.choose_k(100, 0, ngram_class(4)) == 1 and ctl.reason.startswith("probe")  # a new request probes at once
+    ctl.observe(1, 1, 1, 0.0, 0.118, 0, ngram_class(4))
+    assert ctl.choose_k(100, 0, ngram_class(4)) == 1  # it passed: probe again
+    ctl.observe(1, 1, 0, 0.0, 0.118, 0, ngram_class(4))
+    assert [ctl.choose_k(100, 0, ngram_class(4)) for _ in range(ctl.first_probe_gap)][-2:] == [0, 1]
 
 
 def test_probes_stay_rare_where_acceptance_is_genuinely_low():
@@ -523,15 +543,14 @@ def test_probes_stay_rare_where_acceptance_is_genuinely_low():
     ctl = AdaptiveK(costs)
     drafted = 0
     for _ in range(500):
-        k = ctl.choose_k(1000, 0, "4-gram")
-        ctl.observe(k, k, 0, 0.0, costs.target_cost(k + 1), 0, "4-gram")
+        k = ctl.choose_k(1000, 0, ngram_class(4))
+        ctl.observe(k, k, 0, 0.0, costs.target_cost(k + 1), 0, ngram_class(4))
         drafted += k > 0
     assert drafted <= 12  # one per request at first, then after ever longer gaps
 
 
 def test_the_reason_for_k_is_on_every_step_of_the_trace():
     import io
-    import json
 
     target = random_table_backend(40, seed=0, order=1)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 3

@@ -6,19 +6,7 @@ from collections.abc import Sequence
 import pytest
 
 from spekula.config import SpecConfig
-from spekula.cost import (
-    AFTER_EDIT,
-    CONTEXT,
-    DRIFT,
-    RECALIBRATE_GAP,
-    RECALLED,
-    SOURCES,
-    CostModel,
-    after_edit,
-    calibration_widths,
-    draft_source,
-    expected_tokens,
-)
+from spekula.cost import DRIFT, RECALIBRATE_GAP, CostModel, calibration_widths, expected_tokens
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory
 from spekula.testing import random_table_backend
@@ -30,20 +18,6 @@ def test_expected_tokens_formula():
     assert expected_tokens(0.0, 5) == 1.0
     assert expected_tokens(1.0, 5) == 6.0
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
-
-
-def test_every_draft_class_has_one_source():
-    from spekula.proposers.suffix import CLASS_BOUNDS, match_class
-
-    for length in (*CLASS_BOUNDS, 40):  # every class suffix lookup makes, of each kind
-        assert draft_source(match_class(length, RECALLED)) == RECALLED
-        assert draft_source(match_class(length, AFTER_EDIT)) == AFTER_EDIT and after_edit(
-            match_class(length, AFTER_EDIT)
-        )
-        assert draft_source(match_class(length)) == CONTEXT
-    assert draft_source("3-gram") == draft_source(None) == draft_source("no draft") == CONTEXT  # n-gram, a draft model
-    assert draft_source("recalled") == CONTEXT  # only the kind before the match length names memory
-    assert set(SOURCES) == {CONTEXT, RECALLED, AFTER_EDIT}
 
 
 def test_interpolation_between_measured_widths():

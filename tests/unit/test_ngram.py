@@ -1,5 +1,5 @@
 from spekula.config import SamplingParams
-from spekula.proposers.base import NO_DRAFT
+from spekula.draft_class import NO_DRAFT, ngram_class
 from spekula.proposers.ngram import NgramProposer
 
 
@@ -37,8 +37,9 @@ def test_incremental_index_matches_fresh_one():
 
 def test_draft_class_is_the_matched_length():
     p = NgramProposer(4, 1)
-    assert p.draft_class([5, 1, 2, 3, 4, 9, 1, 2, 3, 4]) == "4-gram"
-    assert p.draft_class([5, 1, 2, 3, 4, 9, 7, 2, 3, 4, 0, 6, 3, 4]) == "2-gram"
+    assert p.draft_class([5, 1, 2, 3, 4, 9, 1, 2, 3, 4]) == ngram_class(4)
+    assert p.draft_class([5, 1, 2, 3, 4, 9, 7, 2, 3, 4, 0, 6, 3, 4]) == ngram_class(2)
+    assert p.draft_class([5, 1, 2, 3, 4, 9, 7, 2, 3, 4, 0, 6, 3, 4]).length == 2
     assert p.draft_class([1, 2, 3]) == NO_DRAFT  # nothing seen before: nothing to draft
     # the class says what propose() would do: a draft exactly when there is a match
     context = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]

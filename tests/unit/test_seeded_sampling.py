@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
-from spekula.control import NO_DRAFT, FixedK
+from spekula.control import FixedK
 from spekula.cost import CostModel
+from spekula.draft_class import NO_DRAFT
 from spekula.engine import Engine
 from spekula.noise import PositionalNoise, draw
 from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory

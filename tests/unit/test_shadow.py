@@ -5,10 +5,10 @@ import torch
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.control import AdaptiveK
-from spekula.cost import CostModel, base_acceptance, match_length
+from spekula.cost import CostModel, base_acceptance
 from spekula.engine import Engine
 from spekula.proposers import DraftModelFactory, NgramFactory
-from spekula.proposers.suffix import SuffixFactory
+from spekula.proposers.suffix import SuffixFactory, match_class
 from spekula.shadow import SHADOW_MIN_MATCH, ShadowDraft
 from spekula.testing import FunctionBackend, random_table_backend
 from spekula.trace import ListTrace
@@ -17,30 +17,30 @@ from costkit import compute_bound, llamacpp_avx512
 
 
 def test_a_shadow_settles_at_its_first_differing_token_or_when_every_token_matched():
-    shadow = ShadowDraft([5, 6, 7, 8], "suffix-4..7", 10)
+    shadow = ShadowDraft([5, 6, 7, 8], match_class(4), 10)
     assert not shadow.feed([5]) and shadow.accepted == 1  # one plain step's token
     assert shadow.feed([6, 9, 7]) and shadow.accepted == 2  # a verify step's tokens: 9 differs from 7
     assert shadow.feed([7, 8]) and shadow.accepted == 2  # settled: later tokens change nothing
     whole = ShadowDraft([1, 2], None, 3)
     assert whole.feed([1, 2, 3]) and whole.accepted == 2
     assert whole.to_dict() == {"position": 3, "draft_class": None, "tokens": [1, 2], "drafted": 2, "accepted": 2}
-    assert ShadowDraft([4], "suffix-1", 0).feed([3])
+    assert ShadowDraft([4], match_class(1), 0).feed([3])
 
 
 def test_shadows_that_pass_make_a_class_the_prior_would_not_try_pay():
     costs = llamacpp_avx512()
     ctl = AdaptiveK(costs, k_max=16)
-    assert ctl.choose_k(100, 0, "suffix-2..3") == 0  # its match length alone does not pay: not even a probe
+    assert ctl.choose_k(100, 0, match_class(2)) == 0  # its match length alone does not pay: not even a probe
     assert ctl.reason.startswith("plain")
     for _ in range(3):  # the target went on to emit what the suffix match would have drafted
-        ctl.observe_shadow(3, 3, "suffix-2..3")
-    assert ctl.choose_k(100, 0, "suffix-2..3") >= 2 and ctl.reason.startswith("speculate")
+        ctl.observe_shadow(3, 3, match_class(2))
+    assert ctl.choose_k(100, 0, match_class(2)) >= 2 and ctl.reason.startswith("speculate")
     # the engine-wide rates of the class learnt it too (slowly): a new request starts from them
-    assert costs.prior_acceptance("suffix-2..3")[0] > base_acceptance("suffix-2..3")[0] + 0.1
+    assert costs.prior_acceptance(match_class(2))[0] > base_acceptance(match_class(2))[0] + 0.1
     failing = AdaptiveK(llamacpp_avx512(), k_max=16)
     for _ in range(3):
-        failing.observe_shadow(3, 0, "suffix-2..3")
-    assert failing.choose_k(100, 0, "suffix-2..3") == 0 and failing.acceptance("suffix-2..3")[0] < 0.3
+        failing.observe_shadow(3, 0, match_class(2))
+    assert failing.choose_k(100, 0, match_class(2)) == 0 and failing.acceptance(match_class(2))[0] < 0.3
 
 
 V = 48
@@ -80,8 +80,8 @@ def test_shadows_are_scored_against_what_the_target_emitted_and_leave_the_output
             matched = next((i for i, t in enumerate(tokens) if text[at + i] != t), len(tokens))
             assert shadow["accepted"] == matched and shadow["drafted"] == len(tokens) > 0
             opened = next(r for r in trace.steps if r.position == at)
-            assert opened.k == 0 and opened.draft_class == shadow["draft_class"]  # opened at a plain step
-            assert match_length(shadow["draft_class"]) >= SHADOW_MIN_MATCH  # after a long match only
+            assert opened.k == 0 and str(opened.draft_class) == shadow["draft_class"]  # opened at a plain step
+            assert opened.draft_class.length >= SHADOW_MIN_MATCH  # after a long match only
             outcomes.add(shadow["accepted"] == shadow["drafted"])
     assert outcomes == {True, False}  # both kinds settled: a draft the target followed, one it did not
 
@@ -92,7 +92,7 @@ def test_no_shadow_unless_the_spec_turns_them_on():
     engine.costs = compute_bound()  # every step plain, as where shadows are kept when on
     trace = ListTrace()
     engine.generate(PROMPT, SamplingParams(), StopConfig(max_tokens=len(SCRIPT)), trace).run()
-    long_matches = [r for r in trace.steps if r.k == 0 and (match_length(r.draft_class) or 0) >= SHADOW_MIN_MATCH]
+    long_matches = [r for r in trace.steps if r.k == 0 and (r.draft_class.length or 0) >= SHADOW_MIN_MATCH]
     assert long_matches  # plain steps with a long match in hand ...
     assert all(r.shadow is None for r in trace.steps)  # ... and not one shadow
 
@@ -114,9 +114,9 @@ def test_only_a_shadow_as_long_as_the_slow_start_cap_doubles_it():
     ctl = AdaptiveK(llamacpp_avx512(), k_max=16)
     cap = ctl.k_cap
     for _ in range(4):  # short matching shadows: common in prose, no proof that a long draft would pass
-        ctl.observe_shadow(1, 1, "suffix-1")
+        ctl.observe_shadow(1, 1, match_class(1))
     assert ctl.k_cap == cap
-    ctl.observe_shadow(cap, cap, "suffix-4..7")
+    ctl.observe_shadow(cap, cap, match_class(4))
     assert ctl.k_cap == min(2 * (cap + 1) - 1, 16)  # twice the rows
 
 
@@ -125,17 +125,17 @@ def test_shadow_evidence_leaves_a_request_its_first_probe():
     # first draft whose match length alone would pay, as a new request does (control.AdaptiveK._probe_due)
     ctl = AdaptiveK(llamacpp_avx512(), k_max=16)
     for _ in range(8):
-        ctl.observe_shadow(16, 0, "suffix-16+")
-    assert ctl.choose_k(100, 0, "suffix-16+") == 1 and ctl.reason.startswith("probe")
-    assert ctl.choose_k(100, 0, "suffix-16+") == 0  # one probe, then the clock: the shadows were evidence
+        ctl.observe_shadow(16, 0, match_class(16))
+    assert ctl.choose_k(100, 0, match_class(16)) == 1 and ctl.reason.startswith("probe")
+    assert ctl.choose_k(100, 0, match_class(16)) == 0  # one probe, then the clock: the shadows were evidence
 
 
 def test_shadows_are_for_the_cold_start_only():
     ctl = AdaptiveK(llamacpp_avx512(), k_max=16)
     assert ctl.wants_shadows
-    ctl.observe_shadow(5, 5, "suffix-4..7")
+    ctl.observe_shadow(5, 5, match_class(4))
     assert ctl.wants_shadows  # watching is not verifying
-    ctl.observe(2, 2, 1, 0.0, 0.062, 0, "suffix-4..7")
+    ctl.observe(2, 2, 1, 0.0, 0.062, 0, match_class(4))
     assert not ctl.wants_shadows  # its own verified drafts teach it from now on
     engine = Engine(copying_target(), SuffixFactory(), SpecConfig(k=None, k_max=16, shadow_drafts=True))
     # a 2-row pass 1.8x a 1-row one, each row after 0.8x: a 4-token match alone does not pay, proven copying does

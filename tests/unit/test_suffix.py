@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from spekula.config import SamplingParams, SpecConfig, StopConfig, SuffixOptions
-from spekula.cost import after_edit, match_length
+from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, DraftClass
 from spekula.engine import Engine
 from spekula.errors import ConfigError
 from spekula.options import add_model_options, add_suffix_options, spec_from_args
 from spekula.pipeline import Pipeline
 from spekula.proposers import SUFFIX, build_proposer, needs_model
-from spekula.proposers.base import NO_DRAFT
 from spekula.proposers.suffix import (
     ANCHORS,
     BYTES_PER_ENTRY,
@@ -126,7 +125,7 @@ def test_longest_match_wins():
     p = SuffixProposer(SuffixConfig(spec_factor=4.0))
     match = p.match(context)
     assert match.length == 3 and match.tokens[:3] == [3, 0, 9]
-    assert p.draft_class(context) == "suffix-2..3"
+    assert p.draft_class(context) == match_class(2) == DraftClass("suffix", 2, 3)
 
 
 def test_draft_follows_the_most_frequent_continuation():
@@ -170,8 +169,8 @@ def test_no_match_no_draft():
 
 
 def test_draft_class_buckets_the_match_length():
-    assert match_class(3, "resync") == "resync-2..3" and match_class(20, "resync") == "resync-16+"
-    assert [match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
+    assert str(match_class(3, AFTER_EDIT)) == "resync-2..3" and str(match_class(20, AFTER_EDIT)) == "resync-16+"
+    assert [str(match_class(n)) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [
         "suffix-1",
         "suffix-2..3",
         "suffix-2..3",
@@ -184,7 +183,7 @@ def test_draft_class_buckets_the_match_length():
     ]
     text = list(range(100, 140))
     p = SuffixProposer()
-    assert p.draft_class([*text, 7, *text[:20]]) == "suffix-16+"
+    assert p.draft_class([*text, 7, *text[:20]]) == match_class(16) == DraftClass("suffix", 16)
     assert p.match([*text, 7, *text[:20]]).length == 20
     deep = list(range(200, 300))
     assert SuffixProposer(SuffixConfig(max_depth=40)).match([*deep, 7, *deep[:60]]).length == 40
@@ -210,7 +209,7 @@ def test_after_an_edit_the_copy_cursor_realigns_and_drafts_the_source():
     assert one_after is None or not one_after.resync
     match = follow(p, prompt, SOURCE[:10] + [7, 8, 110, 111])
     # the class counts the source tokens the cursor followed: a 4-token match, 6 more, then 2 after the edit
-    assert match.resync and p.draft_class(prompt + SOURCE[:10] + [7, 8, 110, 111]) == "resync-8..15"
+    assert match.resync and p.draft_class(prompt + SOURCE[:10] + [7, 8, 110, 111]) == match_class(8, AFTER_EDIT)
     assert match.tokens[:8] == SOURCE[13:21]
 
 
@@ -233,28 +232,30 @@ def test_an_edit_made_again_keeps_the_cursor_in_step():
     p = SuffixProposer()
     output = SOURCE[:10] + [7, 8] + SOURCE[11:21] + [7]
     inside = follow(p, prompt, output)
-    assert not p._edit and inside.resync and inside.tokens[:3] == [8, *SOURCE[22:24]]  # the rest of the edit first
+    assert (
+        not p.cursor.edit and inside.resync and inside.tokens[:3] == [8, *SOURCE[22:24]]
+    )  # the rest of the edit first
     match = follow(p, prompt, [*output, 8, *SOURCE[22:24]])
-    assert not p._edit and p._cursor[1] == 24
+    assert not p.cursor.edit and p.cursor.source[1] == 24
     assert match.resync and match.tokens[:4] == SOURCE[24:28]
     # an output that leaves the remembered edit halfway is an edit again
     q = SuffixProposer()
     follow(q, prompt, SOURCE[:10] + [7, 8] + SOURCE[11:21] + [7, 60])
-    assert q._edit == [60]
+    assert q.cursor.edit == [60]
 
 
 def test_a_request_remembers_a_bounded_number_of_substitutions():
     """Each draft from the cursor tries every remembered substitution, so a long edited copy keeps the
     latest MAX_SUBSTITUTIONS only."""
-    from spekula.proposers.suffix import MAX_SUBSTITUTIONS
+    from spekula.proposers.copy_cursor import MAX_SUBSTITUTIONS
 
     words = [(1000 + i, 2000 + i, 3000 + i, 4000 + i, 6000 + i, 7000 + i) for i in range(60)]  # 2000 + i: a name
     source = [t for w in words for t in w]
     output = [t for w in words for t in (w[0], w[1] + 3000, *w[2:])]  # every name replaced
     p = SuffixProposer()
     follow(p, [*source, 99], output)
-    assert len(words) > MAX_SUBSTITUTIONS and len(p._substitutions) == MAX_SUBSTITUTIONS
-    assert p._substitutions.get((2059,)) == (5059,) and (2000,) not in p._substitutions  # the latest kept
+    assert len(words) > MAX_SUBSTITUTIONS and len(p.cursor.substitutions) == MAX_SUBSTITUTIONS
+    assert p.cursor.substitutions.get((2059,)) == (5059,) and (2000,) not in p.cursor.substitutions  # the latest kept
 
 
 def test_the_cursor_survives_any_edited_copy():
@@ -282,7 +283,7 @@ def test_the_cursor_survives_any_edited_copy():
             draft = p.propose(context, k, GREEDY, None).tokens
             assert len(draft) <= k and all(0 <= t < 60 for t in draft), (trial, end)
             draft_class = p.draft_class(context)
-            assert draft_class == NO_DRAFT or match_length(draft_class) >= 1
+            assert draft_class == NO_DRAFT or draft_class.length >= 1
             end += rng.randint(1, 4)
 
 
@@ -290,8 +291,8 @@ def test_the_cursor_gives_up_on_text_that_is_not_a_copy():
     prompt = [*SOURCE, 99]
     p = SuffixProposer()
     follow(p, prompt, SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8])
-    assert p._cursor is None  # RESYNC_PATIENCE tokens off the source
-    assert p.match(prompt + SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8, 110, 111]) is None or not p._realigned
+    assert p.cursor.source is None  # RESYNC_PATIENCE tokens off the source
+    assert p.match(prompt + SOURCE[:10] + [1, 2, 3, 4, 5, 6, 7, 8, 110, 111]) is None or not p.cursor.realigned
 
 
 def test_never_drafts_ids_outside_the_vocabulary():
@@ -353,14 +354,14 @@ def test_a_match_only_in_earlier_requests_is_its_own_class_and_sets_no_cursor():
     finish(factory, [1, 2], earlier)
     p = factory.create()
     context = [3, 4, *earlier[:10]]
-    assert p.draft_class(context) == "recall-8..15" and p.match(context).recalled
+    assert p.draft_class(context) == match_class(8, RECALLED) and p.match(context).recalled
     assert p.propose(context, 4, GREEDY, None).tokens == earlier[10:14]
-    assert p._cursor is None
+    assert p.cursor.source is None
     # the same text in this request's own prompt: a suffix match, and the cursor follows it
     q = factory.create()
     own = [3, *earlier[:20], 5, *earlier[:10]]
-    assert q.draft_class(own) == "suffix-8..15" and q._cursor is not None
-    assert match_length("recall-8..15") == 8 and not after_edit("recall-8..15")
+    assert q.draft_class(own) == match_class(8) and q.cursor.source is not None
+    assert p.draft_class(context).source == RECALLED and q.draft_class(own).source != RECALLED
 
 
 def test_namespaces_never_see_each_others_text():

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from spekula.control import SLOW_START_PASSES, AdaptiveK
-from spekula.cost import RECALLED, CostModel
-from spekula.proposers.base import NO_DRAFT
+from spekula.cost import CostModel
+from spekula.draft_class import NO_DRAFT, RECALLED, DraftClass
 from spekula.proposers.suffix import match_class
 
 from costkit import llamacpp_avx512, llamacpp_issue14
@@ -25,7 +25,7 @@ TOKENS = 96  # per request, as the issue's warm-server check
 class At:
     """What the proposer offers at one output position."""
 
-    draft_class: str
+    draft_class: DraftClass
     offered: int = 0  # continuation tokens it would draft if asked for that many
     right: int = 0  # how many of them, from the first, the output agrees with
 
@@ -47,7 +47,7 @@ def replay(costs: CostModel, text: list[At]) -> Replay:
         drafted = 0 if at.draft_class == NO_DRAFT else min(k, at.offered)
         accepted = min(drafted, at.right)
         ctl.observe(k, drafted, accepted, 0.0, costs.target_cost(drafted + 1), 0, at.draft_class)
-        source = RECALLED if at.draft_class.startswith(RECALLED) else "own text"
+        source = RECALLED if at.draft_class.source == RECALLED else "own text"
         out.drafted[source] = out.drafted.get(source, 0) + drafted
         out.accepted[source] = out.accepted.get(source, 0) + accepted
         out.seconds += costs.target_cost(drafted + 1)
@@ -71,12 +71,12 @@ def new_answer() -> list[At]:
     """A new chat answer: memory matches earlier answers' phrases, long and short, and goes on with theirs; the
     request's own text matches a little and is right now and then."""
     cycle = [
-        At("recall-8..15", 8, 0),
+        At(match_class(8, RECALLED), 8, 0),
         At(NO_DRAFT),
-        At("recall-4..7", 4, 0),
-        At("suffix-2..3", 2, 1),
-        At("recall-16+", 16, 0),
-        At("suffix-1", 1, 0),
+        At(match_class(4, RECALLED), 4, 0),
+        At(match_class(2), 2, 1),
+        At(match_class(16, RECALLED), 16, 0),
+        At(match_class(1), 1, 0),
     ]
     return [cycle[i % len(cycle)] for i in range(TOKENS)]
 
@@ -84,7 +84,10 @@ def new_answer() -> list[At]:
 def code_answer() -> list[At]:
     """An answer that copies its own prompt (the request's own text, right for ten tokens at a time) between
     stretches where memory matches other requests' code and is wrong."""
-    return [At("suffix-16+", 16, 9 - i % 20) if i % 20 < 10 else At("recall-8..15", 8, 0) for i in range(TOKENS)]
+    return [
+        At(match_class(16), 16, 9 - i % 20) if i % 20 < 10 else At(match_class(8, RECALLED), 8, 0)
+        for i in range(TOKENS)
+    ]
 
 
 WARM = ["turn2"] * 3 + ["new", "turn2", "code", "new", "turn2", "new", "code", "new", "turn2", "new"]
@@ -93,7 +96,7 @@ TEXTS = {"turn2": second_turn, "new": new_answer, "code": code_answer}
 
 def without_memory(text: list[At]) -> list[At]:
     """The same request on a server that remembers nothing: memory's offers gone."""
-    return [At(NO_DRAFT) if at.draft_class.startswith(RECALLED) else at for at in text]
+    return [At(NO_DRAFT) if at.draft_class.source == RECALLED else at for at in text]
 
 
 @dataclass

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 from spekula.backends.base import Backend
 from spekula.config import SpecConfig, SuffixOptions
+from spekula.draft_class import NO_DRAFT
 from spekula.errors import ConfigError
-from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.proposers.draft_model import DraftModelFactory, DraftModelProposer
 from spekula.proposers.ngram import NgramFactory, NgramProposer
 from spekula.proposers.suffix import SuffixConfig, SuffixFactory, SuffixProposer

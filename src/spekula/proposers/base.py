@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from spekula.config import SamplingParams
+from spekula.draft_class import DraftClass
 from spekula.noise import PositionalNoise
 from spekula.verify import Verdict
 
@@ -26,8 +27,6 @@ class Draft:
 
 
 EMPTY_DRAFT = Draft([])
-
-NO_DRAFT = "no draft"  # a draft class: the proposer has nothing to offer now (k = 0, not a decision)
 
 
 class Proposer(ABC):
@@ -50,10 +49,10 @@ class Proposer(ABC):
     def observe(self, context: list[int], verdict: Verdict) -> None:
         """Called after each step with the new committed context. Default: nothing to learn."""
 
-    def draft_class(self, context: list[int]) -> str | None:
-        """What the proposer knows, before drafting, of how promising its next draft is: a label
-        under which the controller learns acceptance apart (n-gram lookup: the matched length,
-        "4-gram" ... "1-gram"; NO_DRAFT: nothing to offer). Default None: no such knowledge."""
+    def draft_class(self, context: list[int]) -> DraftClass | None:
+        """What the proposer knows, before drafting, of how promising its next draft is: the class
+        under which the controller learns acceptance apart (spekula.draft_class; n-gram lookup: the
+        matched length, "4-gram" ... "1-gram"; NO_DRAFT: nothing to offer). Default None: no such knowledge."""
         return None
 
     def catch_up(self, context: list[int]) -> int:

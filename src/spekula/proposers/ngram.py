@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spekula.config import SamplingParams
+from spekula.draft_class import NO_DRAFT, DraftClass, ngram_class
 from spekula.noise import PositionalNoise
-from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 
 
 class NgramProposer(Proposer):
@@ -39,9 +40,9 @@ class NgramProposer(Proposer):
         start = match[1]
         return Draft(context[start : start + k])
 
-    def draft_class(self, context: list[int]) -> str:
+    def draft_class(self, context: list[int]) -> DraftClass:
         match = self._match(context)
-        return NO_DRAFT if match is None else f"{match[0]}-gram"
+        return NO_DRAFT if match is None else ngram_class(match[0])
 
     def _match(self, context: list[int]) -> tuple[int, int] | None:
         """(n, start): the longest suffix of n tokens seen before, and where what followed it starts."""

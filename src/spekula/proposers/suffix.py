@@ -31,12 +31,12 @@ knobs of SuffixOptions (SpecConfig.suffix, --suffix-* on generate and serve).
 
 The copy cursor. A request that copies a text with edits (rename a variable, add type hints, respace
 operators) breaks every suffix match at every edit, and the match that follows is too short to be
-trusted for several tokens. The proposer therefore keeps a cursor in the text a long match (4 tokens or
-more) was copying, and moves it over each committed token; when the output leaves the source, the
-cursor waits until two tokens in a row are found again within RESYNC_WINDOW tokens of where the edit
-began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
+trusted for several tokens. The proposer therefore keeps a cursor (copy_cursor.CopyCursor) in the text a
+long match (4 tokens or more) was copying, and moves it over each committed token; when the output leaves
+the source, the cursor waits until two tokens in a row are found again within RESYNC_WINDOW tokens of where
+the edit began, and from there drafts the source (draft class "resync-N", N the source tokens the cursor has
 followed, edits skipped, which the controller learns apart from suffix matches, and does not mark down for
-the rejections the edits cost: spekula.cost.draft_source). Their first token is accepted far more often
+the rejections the edits cost: spekula.draft_class). Their first token is accepted far more often
 than a short suffix match's (`scripts/experiments/ngram_replay.py RESULTS --by-class --draft suffix`
 measures both on a bench run's greedy outputs). What an edit replaced (at most MAX_SUBSTITUTED source
 tokens) is remembered for the request: drafts from the cursor apply it (a renamed variable is drafted
@@ -67,10 +67,11 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 
 from spekula.config import K_MAX, SamplingParams, SuffixOptions, is_int, is_number
-from spekula.cost import AFTER_EDIT, RECALLED
+from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, SUFFIX, DraftClass
 from spekula.errors import ConfigError
 from spekula.noise import PositionalNoise
-from spekula.proposers.base import EMPTY_DRAFT, NO_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
+from spekula.proposers.copy_cursor import CopyCursor
 from spekula.verify import Verdict
 
 ANCHORS = (1, 2, 4, 8)  # anchor lengths indexed, ascending: a lookup starts from the longest that occurred
@@ -83,14 +84,9 @@ BYTES_PER_ENTRY = 2048
 LOCAL = -1  # the entry id of this request's own context in a match
 # Match-length buckets, the draft classes: the controller learns acceptance per class.
 CLASS_BOUNDS = (1, 2, 4, 8, 16)
-# The copy cursor (SuffixProposer._follow): the window of source tokens searched for the tokens the output
-# emits after an edit, how many tokens off the source it waits before it gives up, and the match length
-# below which a realigned cursor drafts instead of the suffix match.
-RESYNC_WINDOW = 8
-RESYNC_PATIENCE = 6
+# The copy cursor (spekula.proposers.copy_cursor): the match length below which a realigned cursor drafts
+# instead of the suffix match.
 RESYNC_BELOW = 4
-MAX_SUBSTITUTED = 4  # source tokens an edit may replace to be remembered as a substitution
-MAX_SUBSTITUTIONS = 32  # substitutions a request remembers, the latest (each draft from the cursor tries them all)
 USER = SuffixOptions()  # the defaults of the knobs a user sets (SpecConfig.suffix, --suffix-* flags)
 
 
@@ -311,14 +307,15 @@ class SuffixMatch:
     recalled: bool = False  # the draft's first token continues only earlier requests' text, none of this request's
 
 
-def match_class(length: int, kind: str = "suffix") -> str:
-    """A match length's draft class: "suffix-1", "suffix-2..3", "suffix-4..7", "suffix-8..15", "suffix-16+"
-    (kind AFTER_EDIT, "resync": a draft that follows the copy cursor after an edit, by the source tokens it
-    followed; kind RECALLED, "recall": a match held only by earlier requests' outputs)."""
+def match_class(length: int, kind: str = SUFFIX) -> DraftClass:
+    """A match length's draft class, its bucket of CLASS_BOUNDS: "suffix-1", "suffix-2..3", "suffix-4..7",
+    "suffix-8..15", "suffix-16+" (kind AFTER_EDIT, "resync": a draft that follows the copy cursor after an
+    edit, by the source tokens it followed; kind RECALLED, "recall": a match held only by earlier requests'
+    outputs)."""
     for lo, hi in pairwise(CLASS_BOUNDS):
         if length < hi:
-            return f"{kind}-{lo}" if hi == lo + 1 else f"{kind}-{lo}..{hi - 1}"
-    return f"{kind}-{CLASS_BOUNDS[-1]}+"
+            return DraftClass(kind, lo, hi - 1)
+    return DraftClass(kind, CLASS_BOUNDS[-1])
 
 
 class SuffixProposer(Proposer):
@@ -342,22 +339,8 @@ class SuffixProposer(Proposer):
         self._prompt_len: int | None = None  # the first context seen is the prompt
         self._last: tuple[int, SuffixMatch | None] | None = None  # (context length, its match)
         self._closed = False
-        # The copy cursor: the text being copied, and the index in it of the token expected next; after the
-        # output leaves it (an edit), the cursor realigns a little further on in the source
-        # (SuffixProposer._follow).
-        self._cursor: tuple[list[int], int] | None = None
-        self._realigned = False  # the cursor found its place again after an edit: drafts may follow it
-        self._edit: list[int] = []  # the tokens emitted off the source since the edit began (none: in step)
-        self._candidate: int | None = None  # where the source would go on if the last token realigned it
-        # What this request's edits replaced: a few source tokens -> the tokens the output put there (a
-        # renamed word, respaced operators). Drafts that follow the cursor apply them.
-        self._substitutions: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._heads: set[int] = set()  # the first source token of each substituted span
-        # The tokens of a substitution the output is inside, still to come (the cursor is already past its span).
-        self._inserting: tuple[int, ...] = ()
-        # Tokens of the source the cursor has followed: the match that set it, then every token in step with
-        # it, edits skipped. A long copy interrupted by an edit is as good evidence after it as before.
-        self._synced = 0
+        # The copy cursor: the text a long match was copying, followed through this request's edits.
+        self.cursor = CopyCursor()
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -374,11 +357,11 @@ class SuffixProposer(Proposer):
     def observe(self, context: list[int], verdict: Verdict) -> None:
         self._sync(context)
 
-    def draft_class(self, context: list[int]) -> str:
+    def draft_class(self, context: list[int]) -> DraftClass:
         match = self.match(context)
         if match is None:
             return NO_DRAFT
-        return match_class(match.length, AFTER_EDIT if match.resync else RECALLED if match.recalled else "suffix")
+        return match_class(match.length, AFTER_EDIT if match.resync else RECALLED if match.recalled else SUFFIX)
 
     def close(self) -> None:
         """The request is over: its output (and prompt, with cache_prompts) joins the cache."""
@@ -399,108 +382,25 @@ class SuffixProposer(Proposer):
             return self._last[1]
         found = self._lookup()
         strong = found is not None and found.length >= RESYNC_BELOW
-        following = self._cursor is not None and not self._edit
-        expected = self._cursor_draft(1) if following else []  # the token the cursor expects next
-        if self._cursor is None:
+        cursor = self.cursor
+        expected = cursor.draft(1, self.vocab_size) if cursor.in_step else []  # the token the cursor expects next
+        if cursor.source is None:
             moves = strong
-        elif self._edit:  # waiting to realign: a short match is mostly the output's own copy of an earlier edit
+        elif cursor.edit:  # waiting to realign: a short match is mostly the output's own copy of an earlier edit
             moves = strong and found.length >= 2 * RESYNC_BELOW  # type: ignore[union-attr]  # strong: found is not None
         else:
             moves = strong and (not expected or expected[0] != found.tokens[0])  # type: ignore[union-attr]  # as above
         if moves and found is not None and found.source is not None:
             # a long match elsewhere, or the cursor lost: copying goes on from the match's occurrence
-            self._cursor, self._realigned, self._edit, self._inserting = found.source, False, [], ()
-            self._synced = found.length
-        elif expected and (self._realigned or self._substitutions) and self._synced > (found.length if found else 0):
+            cursor.start(found.source, found.length)
+        elif expected and (cursor.realigned or cursor.substitutions) and cursor.synced > (found.length if found else 0):
             # the text being copied, found again after an edit or with this request's edits applied: the
             # tokens the cursor has followed are better evidence than the suffix that matched since the edit
-            followed = self._cursor_draft(self.config.max_draft)
+            followed = cursor.draft(self.config.max_draft, self.vocab_size)
             if followed:
-                found = SuffixMatch(self._synced, followed, frozenset(), self._cursor, resync=True)
+                found = SuffixMatch(cursor.synced, followed, frozenset(), cursor.source, resync=True)
         self._last = (len(context), found)
         return found
-
-    def _cursor_draft(self, limit: int) -> list[int]:
-        """The source from the cursor on, up to `limit` tokens, with this request's substitutions applied
-        (the rest of one the output is inside first)."""
-        assert self._cursor is not None  # called while following a source
-        seq, at = self._cursor
-        out: list[int] = list(self._inserting)
-        while len(out) < limit and at < len(seq):
-            span = self._substituted_at(seq, at)
-            if span is None:
-                out.append(seq[at])
-                at += 1
-            else:
-                out.extend(self._substitutions[span])
-                at += len(span)
-        out = out[:limit]
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in out):
-            return []
-        return out
-
-    def _substituted_at(self, seq: list[int], at: int) -> tuple[int, ...] | None:
-        """The longest source span this request's edits replaced that starts at seq[at] (None: none)."""
-        if at >= len(seq) or seq[at] not in self._heads:
-            return None
-        best = None
-        for span in self._substitutions:
-            if (best is None or len(span) > len(best)) and tuple(seq[at : at + len(span)]) == span:
-                best = span
-        return best
-
-    def _follow(self, tokens: list[int]) -> None:
-        """Move the copy cursor over newly committed tokens: on while they are the source's, or what a
-        remembered substitution put in place of a source span (an edit made again); any other token starts
-        an edit, and the cursor realigns where two tokens in a row after it are found again in the source,
-        within RESYNC_WINDOW tokens of where the edit began (a renamed word, respaced operators), or gives
-        up after RESYNC_PATIENCE tokens. What the edit replaced (at most MAX_SUBSTITUTED source tokens) is
-        remembered as a substitution."""
-        if self._cursor is None:
-            return
-        seq, at = self._cursor
-        for token in tokens:
-            if not self._edit:
-                if self._inserting:  # inside a substitution: the rest of what the edit put there
-                    if token == self._inserting[0]:
-                        self._inserting = self._inserting[1:]
-                        self._synced += 1
-                        continue
-                    self._inserting = ()  # the output left it: an edit from the span's start on
-                elif at < len(seq) and seq[at] == token:
-                    at += 1
-                    self._synced += 1
-                    continue
-                else:
-                    span = self._substituted_at(seq, at)
-                    if span is not None and self._substitutions[span][0] == token:  # an edit made again
-                        self._inserting = self._substitutions[span][1:]
-                        at += len(span)
-                        self._synced += 1
-                        continue
-                self._realigned, self._edit, self._candidate = False, [token], None
-                continue
-            if self._candidate is not None and self._candidate < len(seq) and seq[self._candidate] == token:
-                found = self._candidate - 1  # the edit's first token found again, and this one after it
-                replaced = tuple(seq[at:found])
-                inserted = self._edit[:-1]
-                if inserted and 0 < len(replaced) <= MAX_SUBSTITUTED:
-                    self._substitutions.pop(replaced, None)  # the latest edit of these tokens wins, and is newest
-                    self._substitutions[replaced] = tuple(inserted)
-                    if len(self._substitutions) > MAX_SUBSTITUTIONS:
-                        del self._substitutions[next(iter(self._substitutions))]
-                    self._heads = {span[0] for span in self._substitutions}
-                at = self._candidate + 1
-                self._realigned, self._edit, self._candidate = True, [], None
-                self._synced += 2  # the copy before the edit, and the two tokens found again after it
-                continue
-            self._edit.append(token)
-            window = seq[at : at + RESYNC_WINDOW]
-            self._candidate = at + window.index(token) + 1 if token in window else None
-            if len(self._edit) > RESYNC_PATIENCE:
-                self._cursor, self._edit, self._candidate = None, [], None
-                return
-        self._cursor = (seq, at)
 
     def _sync(self, context: list[int]) -> None:
         """Index the tokens committed since the last call. Committed tokens only grow; a context that
@@ -514,11 +414,11 @@ class SuffixProposer(Proposer):
             self._tokens = self._local.seqs.setdefault(0, [])
             self._prompt_len = min(self._prompt_len, len(context))
             self._last = None
-            self._cursor, self._inserting = None, ()
+            self.cursor.stop()
             done = 0
         if len(context) > done:
             self._local.extend(0, context[done:])
-            self._follow(context[done:])
+            self.cursor.follow(context[done:])
 
     def _lookup(self) -> SuffixMatch | None:
         context = self._tokens

@@ -53,7 +53,8 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -96,6 +97,13 @@ class Failed:
 
 
 Event = Delta | Finished | Failed
+
+
+@dataclass
+class Guarded:
+    """How a block run under Scheduler._guard ended: failed once it raised (its requests are then finished)."""
+
+    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -288,20 +296,20 @@ class Scheduler:
             return self._finish(job, "abort")
         if now > job.deadline:
             return self._finish(job, "timeout", self._timeout_error(job))
-        try:
-            generation = self.pipeline.engine.generate(
-                job.prompt_ids,
-                job.sampling,
-                job.stop,
-                controller=_controller(job.spec),
-                namespace=job.namespace,
-                plain=job.spec is not None and job.spec.plain,  # no proposer at all: nothing drafted, nothing paid
-            )
-        except SpekulaError as e:  # the handler validated the prompt; this is a backstop
-            return self._finish(job, "error", APIError(400, str(e)))
-        except Exception:
-            log.exception("request %s could not start", job.id)
-            return self._finish(job, "error", ENGINE_ERROR)
+        with self._guard([job], "request %s could not start", job.id) as starting:
+            try:
+                generation = self.pipeline.engine.generate(
+                    job.prompt_ids,
+                    job.sampling,
+                    job.stop,
+                    controller=_controller(job.spec),
+                    namespace=job.namespace,
+                    plain=job.spec is not None and job.spec.plain,  # no proposer: nothing drafted, nothing paid
+                )
+            except SpekulaError as e:  # the handler validated the prompt; this is a backstop
+                return self._finish(job, "error", APIError(400, str(e)))
+        if starting.failed:
+            return
         job.run = TextGeneration(generation, self.pipeline.codec, job.stop)
         job.meter = StepMeter(self.metrics, generation.stats)
         job.started = now
@@ -329,14 +337,12 @@ class Scheduler:
         for job, step, logits, score_s in self._score(planned, riders):
             run, meter = job.run, job.meter
             assert run is not None and meter is not None  # _admit set both
-            try:
+            with self._guard([job], "request %s failed in the engine", job.id) as completing:
                 delta = run.feed(run.generation.complete(step, logits, score_s=score_s))
                 if run.generation.done and not run.stopped:
                     delta += run.flush()  # the held-back text: nothing follows it
                 meter.update()
-            except Exception:  # one request's failure must not take the worker (and every other request) down
-                log.exception("request %s failed in the engine", job.id)
-                self._finish(job, "error", ENGINE_ERROR)
+            if completing.failed:
                 continue
             self._emit(job, delta)
             if (reason := run.generation.finish_reason) is not None:  # run.generation.done
@@ -364,11 +370,9 @@ class Scheduler:
         for job in list(self._running):
             if not job.generation.ready or not self._live(job):
                 continue
-            try:
+            with self._guard([job], "request %s failed before its target pass", job.id) as planning:
                 step = job.generation.plan(None if ks is None else ks.get(job))  # not in ks: its own k
-            except Exception:
-                log.exception("request %s failed before its target pass", job.id)
-                self._finish(job, "error", ENGINE_ERROR)
+            if planning.failed:
                 continue
             if step is None:  # nothing left to run: emit the held-back text, then the end
                 assert job.run is not None  # job.generation says so
@@ -391,11 +395,9 @@ class Scheduler:
             scored = []
             for job, step in planned:
                 start = time.perf_counter()
-                try:
+                with self._guard([job], "request %s failed in the engine", job.id) as scoring:
                     logits = step.score()
-                except Exception:
-                    log.exception("request %s failed in the engine", job.id)
-                    self._finish(job, "error", ENGINE_ERROR)
+                if scoring.failed:
                     continue
                 scored.append((job, step, logits, time.perf_counter() - start))
             return scored
@@ -404,12 +406,12 @@ class Scheduler:
         blocks = [(s.sequence, s.tokens, s.num_logits) for _, s in planned]
         blocks += [(c.sequence, c.tokens, 1) for _, c in riders if c.tokens]
         start = time.perf_counter()
-        try:  # self.batching: the target batches, so it has forward_batch (which Backend does not declare)
+        # the batch's caches are in an unknown state if it fails: every request of it is ended
+        batch = [job for job, _ in [*planned, *riders]]
+        with self._guard(batch, "a batched forward of %d requests failed", len(blocks)) as scoring:
+            # self.batching: the target batches, so it has forward_batch (which Backend does not declare)
             logits = self.pipeline.target.forward_batch(*map(list, zip(*blocks, strict=True))) if blocks else []  # type: ignore[attr-defined]
-        except Exception:  # the batch's caches are in an unknown state: end its requests, keep serving
-            log.exception("a batched forward of %d requests failed", len(blocks))
-            for job, _ in [*planned, *riders]:
-                self._finish(job, "error", ENGINE_ERROR)
+        if scoring.failed:
             return []
         pass_s = time.perf_counter() - start
         for job, _ in riders:
@@ -472,11 +474,9 @@ class Scheduler:
                 if budget == 0 or ((decoding or chunks) and self._owed_s > 0):
                     continue  # waits for a later round; a prompt behind it that fits the budget need not
                 unfinishing = True
-            try:
+            with self._guard([job], "request %s could not start its prefill", job.id) as chunking:
                 chunk = generation.prefill_chunk(budget or None)  # budget 0 here: nothing left to prefill
-            except Exception:
-                log.exception("request %s could not start its prefill", job.id)
-                self._finish(job, "error", ENGINE_ERROR)
+            if chunking.failed:
                 continue
             if budget is not None:
                 budget -= len(chunk.tokens)
@@ -510,13 +510,10 @@ class Scheduler:
             self._prefill_together(chunks)
         else:
             for job, chunk in chunks:
-                try:
+                with self._guard([job], "request %s failed in its prefill", job.id) as prefilling:
                     chunk.run()
-                except Exception:
-                    log.exception("request %s failed in its prefill", job.id)
-                    self._finish(job, "error", ENGINE_ERROR)
-                    continue
-                job.generation.prefilled()
+                if not prefilling.failed:
+                    job.generation.prefilled()
         elapsed = time.perf_counter() - started
         tokens = sum(len(chunk.tokens) for _, chunk in chunks)
         log.debug("prefill: %d chunks, %d prompt tokens, %.3f s", len(chunks), tokens, elapsed)
@@ -540,19 +537,16 @@ class Scheduler:
                 groups.append([])
             groups[-1].append((job, chunk))
         for group in groups:
-            todo = [chunk for _, chunk in group if chunk.tokens]
-            try:
+            jobs, todo = [job for job, _ in group], [chunk for _, chunk in group if chunk.tokens]
+            with self._guard(jobs, "a batched prefill of %d requests failed", len(todo)) as prefilling:
                 if todo:
                     # self.batching: the target has forward_batch
                     self.pipeline.target.forward_batch(  # type: ignore[attr-defined]
                         [c.sequence for c in todo], [c.tokens for c in todo], [1] * len(todo)
                     )
-            except Exception:
-                log.exception("a batched prefill of %d requests failed", len(todo))
-                for job, _ in group:
-                    self._finish(job, "error", ENGINE_ERROR)
+            if prefilling.failed:
                 continue
-            for job, _ in group:
+            for job in jobs:
                 job.generation.prefilled()
 
     def _choose_batch_ks(self) -> dict[Job, int] | None:
@@ -575,6 +569,21 @@ class Scheduler:
         except Exception:
             log.exception("request %s: its draft outlook failed", job.id)
             return None
+
+    @contextmanager
+    def _guard(self, jobs: Sequence[Job], message: str, *args: object) -> Iterator[Guarded]:
+        """Run the block for these requests. If it raises, one request's failure (or one batched pass's) must
+        not take the worker and every other request down: the exception is logged (message % args, with its
+        traceback; the client is told only ENGINE_ERROR), every request of `jobs` is finished with
+        ENGINE_ERROR, and the block's Guarded says it failed, so the caller skips what followed it."""
+        guarded = Guarded()
+        try:
+            yield guarded
+        except Exception:
+            log.exception(message, *args)
+            guarded.failed = True
+            for job in jobs:
+                self._finish(job, "error", ENGINE_ERROR)
 
     def _live(self, job: Job) -> bool:
         """False (and the job finished) when its client is gone or its time is up."""
