@@ -33,7 +33,7 @@ KINDS = (int, float, str, bool)
 class Knob:
     flag: str  # the command-line flag, "--max-running"
     help: str  # may use {default}
-    kind: type  # int, float, str or bool (a bool is an on/off switch: `store_true`)
+    kind: type  # int, float, str or bool (a bool is an on/off switch: --flag / --no-flag)
     low: float | None = None  # inclusive bounds of a number
     high: float | None = None
     low_open: bool = False  # the low bound itself is refused (a timeout > 0)
@@ -78,6 +78,8 @@ def knob(
 ) -> Any:
     """A dataclass field declared as a knob (see the module's docstring). kind: from the default unless it is
     None (then kind is needed, and None is a value)."""
+    if kind is None and default is None:
+        raise TypeError(f"{flag}: a knob whose default is None needs its kind (kind=int, float, str or bool)")
     kind = kind or type(default)
     if kind not in KINDS:
         raise TypeError(f"a knob is one of {[k.__name__ for k in KINDS]}, not {kind.__name__}")

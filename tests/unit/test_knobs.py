@@ -75,6 +75,8 @@ def test_only_knobs_are_declared_so():
         knob_of(Toy, "derived")
     with pytest.raises(TypeError, match="a knob is one of"):
         knob([1], "--list", "a list")
+    with pytest.raises(TypeError, match="--maybe: a knob whose default is None needs its kind"):
+        knob(None, "--maybe", "unset by default")
 
 
 def test_every_server_flag_is_a_declared_setting_and_the_docs_table_is_made_from_them(tmp_path):
