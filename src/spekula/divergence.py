@@ -186,19 +186,15 @@ def guarantee(target: Any, shared: bool = False) -> Guarantee:
         )
     passes = "a verified block, a batch of requests or a kept prompt's cache" if shared else "a verified block"
     if not target.capabilities.block_invariant:
-        why = (
-            f"a pass over several tokens ({passes}) runs other kernels than a one-token pass, so its logits differ "
-            "in the last bits; --exact makes them bit-identical"
-        )
+        why = f"a pass over several tokens ({passes}) runs other kernels than a one-token pass"
+        remedy = "; --exact makes them bit-identical"
     else:
-        why = (
-            f"a pass over several tokens ({passes}) adds the same products as a one-token pass in another order "
-            "(other matrix kernels), so its logits differ by float rounding"
-        )
+        why = f"a pass over several tokens ({passes}) adds the same products as a one-token pass in another order"
+        remedy = ""
     return Guarantee(
         NEAR_TIES,
-        f"identical to plain decoding except where the target's top two logits nearly tie: {why}, and there the two "
-        "runs can choose differently",
+        f"identical to plain decoding except where the target's top two logits nearly tie: {why}, so its logits "
+        f"differ in the last bits and there the two runs can choose differently{remedy}",
     )
 
 
