@@ -18,3 +18,15 @@ __all__ = [
     "EOS",
     "VOCAB",
 ]
+
+
+def break_target(pipe) -> None:
+    """The target's passes raise once they see "~" (a kernel failure on that request's tokens only)."""
+    healthy = pipe.target.logits_fn
+
+    def logits_fn(prefix):
+        if ord("~") in prefix:
+            raise RuntimeError("simulated kernel failure")
+        return healthy(prefix)
+
+    pipe.target.logits_fn = logits_fn

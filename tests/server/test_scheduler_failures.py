@@ -14,7 +14,7 @@ from spekula.server import scheduler as scheduler_module
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import ENGINE_ERROR, Failed, Scheduler
 
-from serverkit import fake_pipeline, native_pipeline
+from serverkit import break_target, fake_pipeline, native_pipeline
 
 BROKEN = "~ a request the engine fails on"
 FINE = [Request("fine, beside it", 12), Request("fine, admitted after it", 12)]
@@ -24,18 +24,6 @@ def failed(outcome: Outcome) -> bool:
     """The request ended with engine_error, and nothing after it."""
     last = outcome.events[-1][1]
     return isinstance(last, Failed) and last.error is ENGINE_ERROR
-
-
-def break_target(pipe) -> None:
-    """The target's passes raise once they see "~" (a kernel failure on that request's tokens only)."""
-    healthy = pipe.target.logits_fn
-
-    def logits_fn(prefix):
-        if ord("~") in prefix:
-            raise RuntimeError("simulated kernel failure")
-        return healthy(prefix)
-
-    pipe.target.logits_fn = logits_fn
 
 
 def break_method(monkeypatch, pipe, owner, name: str) -> None:

@@ -19,7 +19,7 @@ from spekula.cost import CostModel
 from spekula.server.app import create_app
 from spekula.server.settings import ServerSettings
 
-from serverkit import MODEL, fake_pipeline, native_pipeline, serving
+from serverkit import MODEL, break_target, fake_pipeline, native_pipeline, serving
 
 WAIT = 20.0  # seconds any single wait may take before the test fails
 
@@ -530,14 +530,7 @@ def test_auto_k_speculates_only_when_it_pays_and_stays_lossless(draft, speculate
 
 def test_an_engine_failure_fails_that_request_only():
     pipe = fake_pipeline(draft="ngram")
-    healthy = pipe.target.logits_fn
-
-    def logits_fn(prefix):
-        if ord("~") in prefix:
-            raise RuntimeError("simulated kernel failure")
-        return healthy(prefix)
-
-    pipe.target.logits_fn = logits_fn
+    break_target(pipe)
     with serving(create_app(pipe, ServerSettings())) as running:
         bad = httpx.post(
             running.url + "/v1/completions", json={"model": MODEL, "prompt": "~", "max_tokens": 4}, timeout=WAIT
