@@ -1,33 +1,25 @@
 """Frozen configuration values, validated where they are made.
 
 Every check raises ConfigError with a message that names the option and says what to change, so the
-CLI, the server and library callers all report bad input the same way.
+CLI, the server and library callers all report bad input the same way. The speculation knobs a user sets
+(SpecConfig's, SuffixOptions') are declared once each (spekula.knobs): their flag, default, bounds and help,
+from which their command-line flags, their checks and bench's and tune's keys are derived.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TypeGuard
 
 from spekula.errors import ConfigError
+from spekula.knobs import check_knobs, is_int, is_number, knob
 
 # --k auto's longest draft. Where a wide verify pass is cheap (oneDNN-packed fp32 weights) and a draft
 # is free (n-gram lookup), code edits copy runs long enough to fill it; where a wide pass is dear, the
 # cost model never picks that far anyway (docs/BENCHMARKS.md, "Pass costs by width" and "Packed fp32";
 # `scripts/pass_costs.py --widths`, `scripts/experiments/ngram_replay.py --k-max`).
 K_MAX = 16
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    """An integer, and not a bool (to Python True is the integer 1; to a user it is never a count).
-    The one such check: every option, request field and file field that takes an integer uses it."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> TypeGuard[float]:
-    """A finite int or float, and not a bool (NaN passes no range check, so it must fail this one)."""
-    return is_int(value) or (isinstance(value, float) and math.isfinite(value))  # an int of any size is finite
+K_LIMIT = 64  # the longest draft any k or k_max may ask for
+MIB = 1 << 20  # bytes in a MiB (--suffix-cache-mb)
 
 
 @dataclass(frozen=True)
@@ -68,26 +60,56 @@ class SuffixOptions:
     the rest). Its cross-request cache holds earlier requests' outputs for as long as the engine or
     server runs, bounded by entries and by bytes (least recently used out first)."""
 
-    cache_entries: int = 256  # earlier requests kept for drafting (0: no cross-request cache)
-    cache_bytes: int = 64 << 20  # ... and the memory they may hold (an upper bound, counted per token)
-    max_depth: int = 32  # longest suffix of the context matched, in tokens
-    min_token_prob: float = 0.1  # stop drafting when the continuation's empirical probability falls below
-    spec_factor: float = 1.0  # a draft is at most spec_factor x the matched length
+    cache_entries: int = knob(
+        256,
+        "--suffix-cache-entries",
+        "earlier requests whose outputs later requests may draft from (default {default}; 0: none). A server "
+        "keeps them per API key",
+        low=0,
+        metavar="N",
+    )
+    # In MiB, as a user writes it; the cache counts bytes (cache_bytes: an upper bound, counted per token).
+    cache_mb: float = knob(
+        64.0,
+        "--suffix-cache-mb",
+        "memory those outputs may hold, in MiB (default {default}); least recently used out first",
+        low=0,
+        metavar="MB",
+        noun="a number of MiB",
+    )
+    max_depth: int = knob(
+        32,
+        "--suffix-max-depth",
+        "longest suffix of the context matched, in tokens (default {default})",
+        low=1,
+        metavar="N",
+    )
+    min_token_prob: float = knob(
+        0.1,
+        "--suffix-min-token-prob",
+        "stop a draft when its continuation's frequency among the matches (multiplied along the draft) falls "
+        "below P (default {default})",
+        low=0,
+        high=1,
+        metavar="P",
+        noun="a probability",
+    )
+    spec_factor: float = knob(
+        1.0,
+        "--suffix-spec-factor",
+        "a draft is at most F x the matched length (default {default})",
+        low=0,
+        low_open=True,
+        metavar="F",
+    )
 
     def __post_init__(self) -> None:
-        if not is_int(self.max_depth) or self.max_depth < 1:
-            raise ConfigError(f"suffix max_depth must be an integer >= 1, got {self.max_depth!r}")
-        for name in ("cache_entries", "cache_bytes"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 0:
-                raise ConfigError(f"suffix {name} must be an integer >= 0 (0: no cross-request cache), got {value!r}")
-        if not is_number(self.spec_factor) or not self.spec_factor > 0:
-            raise ConfigError(
-                f"suffix spec_factor must be > 0 (a draft is at most spec_factor x the matched length), "
-                f"got {self.spec_factor!r}"
-            )
-        if not is_number(self.min_token_prob) or not 0.0 <= self.min_token_prob <= 1.0:
-            raise ConfigError(f"suffix min_token_prob must be a probability in [0, 1], got {self.min_token_prob!r}")
+        check_knobs(self)
+
+    @property
+    def cache_bytes(self) -> int:
+        """--suffix-cache-mb in bytes, what the cache counts."""
+        return int(self.cache_mb * MIB)
 
 
 @dataclass(frozen=True)
@@ -98,41 +120,55 @@ class SpecConfig:
     controller (spekula.control) from measured costs and the running acceptance rate.
     """
 
+    # Not a knob: its flag --k takes 'auto' (None) as well as a number, and its default there (auto) is not
+    # this one (a library caller's fixed 4); options.add_model_options declares it, __post_init__ checks it.
     k: int | None = 4
-    k_max: int = K_MAX  # upper bound for the controller when k is None
-    ngram_max: int = 4  # n-gram prompt lookup: longest suffix to match
-    ngram_min: int = 1  # ... and the shortest
+    k_max: int = knob(K_MAX, "--k-max", "--k auto's longest draft (default {default})", low=1, high=K_LIMIT)
+    ngram_max: int = knob(4, "--ngram-max", "n-gram lookup: longest suffix matched (default {default})", low=1)
+    ngram_min: int = knob(1, "--ngram-min", "n-gram lookup: shortest suffix matched (default {default})", low=1)
     # A draft model stops its draft at the first token it gives less than this probability (that
     # token is still verified); None = always draft k. transformers' assistant_confidence_threshold.
-    draft_confidence: float | None = None
+    draft_confidence: float | None = knob(
+        None,
+        "--draft-confidence",
+        "a draft model stops its draft at the first token it gives probability < P (like transformers' "
+        "assistant_confidence_threshold; default: off, the controller's k only)",
+        kind=float,
+        low=0,
+        low_open=True,
+        high=1,
+        high_open=True,
+        metavar="P",
+        noun="a probability",
+    )
     suffix: SuffixOptions = SuffixOptions()  # the suffix proposer's (used by --draft suffix only)
     # Keep the last finished request's cache for the next request that starts with the same tokens (a
     # chat's next turn): it prefills only the rest (spekula.prompt_cache). Not speculation, but the engine's.
-    prompt_cache: bool = True
+    prompt_cache: bool = knob(
+        True,
+        "--prompt-cache",
+        "keep the last finished request's cache, so a request that starts with the same tokens (a chat's next "
+        "turn, a shared system prompt) prefills only the rest, like llama.cpp's cache_prompt (default: on)",
+    )
     # At a plain step of a request that has verified nothing yet, score the draft a free proposer (suffix,
     # n-gram) would have made against the tokens emitted next, so the controller learns from it
     # (spekula.shadow). Off by default: in same-run A/Bs it lowered the median prompt's speedup while
-    # raising copy-heavy ones (docs/decisions/0005-shadow-drafts-off.md).
+    # raising copy-heavy ones (docs/decisions/0005-shadow-drafts-off.md). Not a knob: no command has a flag
+    # for it (bench's --spec shadow=on sets it per configuration).
     shadow_drafts: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prompt_cache, bool):
-            raise ConfigError(f"prompt_cache must be true or false, got {self.prompt_cache!r}")
+        check_knobs(self)
+        if self.ngram_max < self.ngram_min:
+            raise ConfigError(
+                f"--ngram-max must be an integer >= --ngram-min ({self.ngram_min}), got {self.ngram_max!r}"
+            )
         if not isinstance(self.shadow_drafts, bool):
             raise ConfigError(f"shadow_drafts must be true or false, got {self.shadow_drafts!r}")
         if self.k is not None and (not is_int(self.k) or self.k < 0):
             raise ConfigError(f"k (draft length) must be an integer >= 0 (0 = plain decoding), got {self.k!r}")
-        if self.k is not None and self.k > 64:
-            raise ConfigError(f"k (draft length) must be at most 64, got {self.k}; typical values are 2 to 8")
-        if not is_int(self.k_max) or not 1 <= self.k_max <= 64:
-            raise ConfigError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
-        if not is_int(self.ngram_min) or self.ngram_min < 1:
-            raise ConfigError(f"ngram_min must be an integer >= 1, got {self.ngram_min!r}")
-        if not is_int(self.ngram_max) or self.ngram_max < self.ngram_min:
-            raise ConfigError(f"ngram_max must be an integer >= ngram_min ({self.ngram_min}), got {self.ngram_max!r}")
-        c = self.draft_confidence
-        if c is not None and (not is_number(c) or not 0.0 < c < 1.0):
-            raise ConfigError(f"draft_confidence must be a probability strictly between 0 and 1 (e.g. 0.4), got {c!r}")
+        if self.k is not None and self.k > K_LIMIT:
+            raise ConfigError(f"k (draft length) must be at most {K_LIMIT}, got {self.k}; typical values are 2 to 8")
         if not isinstance(self.suffix, SuffixOptions):
             raise ConfigError(f"suffix must be a SuffixOptions, got {self.suffix!r}")
 

@@ -12,21 +12,36 @@ command-line flag, the check of a value and the flag a message names are all der
 `knob_values(Settings, args)` reads the parsed flags back into the fields' names, and `check_knobs` refuses a
 value of the wrong kind or out of bounds with a ConfigError that names the flag and the allowed range. A field
 without `knob` metadata is none of this module's business (a nested config, a derived value).
+
+Declared so: ServerSettings (spekula.server.settings), SpecConfig and SuffixOptions (spekula.config). This module
+imports no other config, so spekula.config can declare its knobs here; is_int and is_number, the checks of an
+integer and of a number that every option uses, live here for that reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from spekula.config import is_int, is_number
 from spekula.errors import ConfigError
 
 KINDS = (int, float, str, bool)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An integer, and not a bool (to Python True is the integer 1; to a user it is never a count).
+    The one such check: every option, request field and file field that takes an integer uses it."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float, and not a bool (NaN passes no range check, so it must fail this one)."""
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))  # an int of any size is finite
 
 
 @dataclass(frozen=True)
@@ -37,13 +52,14 @@ class Knob:
     low: float | None = None  # inclusive bounds of a number
     high: float | None = None
     low_open: bool = False  # the low bound itself is refused (a timeout > 0)
+    high_open: bool = False  # ... and the high one (a probability < 1)
     optional: bool = False  # None is a value (the field's "not set")
     metavar: str | None = None
     noun: str | None = None  # what a message calls a value ("a number of seconds"); default from kind
 
     def bounds(self) -> str:
         low = "" if self.low is None else (f"> {self.low:g}" if self.low_open else f">= {self.low:g}")
-        high = "" if self.high is None else f"<= {self.high:g}"
+        high = "" if self.high is None else (f"< {self.high:g}" if self.high_open else f"<= {self.high:g}")
         return " and ".join(b for b in (low, high) if b)
 
     def check(self, value: Any) -> None:
@@ -55,7 +71,7 @@ class Knob:
             raise ConfigError(f"{self.flag} must be {noun}{self._range()}, got {value!r}")
         if self.kind in (int, float):
             too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
-            too_high = self.high is not None and value > self.high
+            too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
             if too_low or too_high:
                 raise ConfigError(f"{self.flag} must be {noun}{self._range()}, got {value!r}")
 
@@ -73,6 +89,7 @@ def knob(
     low: float | None = None,
     high: float | None = None,
     low_open: bool = False,
+    high_open: bool = False,
     metavar: str | None = None,
     noun: str | None = None,
 ) -> Any:
@@ -83,7 +100,7 @@ def knob(
     kind = kind or type(default)
     if kind not in KINDS:
         raise TypeError(f"a knob is one of {[k.__name__ for k in KINDS]}, not {kind.__name__}")
-    meta = Knob(flag, help, kind, low, high, low_open, optional=default is None, metavar=metavar, noun=noun)
+    meta = Knob(flag, help, kind, low, high, low_open, high_open, optional=default is None, metavar=metavar, noun=noun)
     return field(default=default, metadata={"knob": meta})
 
 
@@ -109,21 +126,29 @@ def knob_of(cls: type, name: str) -> Knob:
     return found
 
 
-def add_knob_flags(group: Any, cls: type) -> None:
-    """One command-line flag per knob of cls, its default and help from the declaration."""
+def add_knob_flags(group: Any, cls: type, *, prefix: str = "", given_only: bool = False) -> None:
+    """One command-line flag per knob of cls, its default and help from the declaration. Its dest is the
+    field's name after `prefix` (a nested config's knobs: suffix_max_depth). given_only: every flag's default
+    is None, so that a flag not given can be told from one given its default (the help still says the
+    declared default; knob_values then leaves out the flags not given)."""
     for name, meta, default in knobs(cls):
         text = meta.help.format(default=_shown(default))
+        dest, parsed = prefix + name, None if given_only else default
         if meta.kind is bool:
-            group.add_argument(meta.flag, dest=name, action=argparse.BooleanOptionalAction, default=default, help=text)
+            group.add_argument(meta.flag, dest=dest, action=argparse.BooleanOptionalAction, default=parsed, help=text)
             continue
         kind = None if meta.kind is str else meta.kind
         metavar = meta.metavar or meta.flag.lstrip("-").replace("-", "_").upper()
-        group.add_argument(meta.flag, dest=name, type=kind, default=default, help=text, metavar=metavar)
+        group.add_argument(meta.flag, dest=dest, type=kind, default=parsed, help=text, metavar=metavar)
 
 
-def knob_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
-    """The parsed flags of cls's knobs, by field name (for cls(**values, ...))."""
-    return {name: getattr(args, name) for name, _, _ in knobs(cls)}
+def knob_values(cls: type, args: argparse.Namespace, *, prefix: str = "", given_only: bool = False) -> dict[str, Any]:
+    """The parsed flags of cls's knobs, by field name (for cls(**values, ...)); prefix and given_only as
+    add_knob_flags made them (given_only: only the flags given; a command without these flags gave none)."""
+    if given_only:
+        values = {name: getattr(args, prefix + name, None) for name, _, _ in knobs(cls)}
+        return {name: value for name, value in values.items() if value is not None}
+    return {name: getattr(args, prefix + name) for name, _, _ in knobs(cls)}
 
 
 def markdown_table(cls: type) -> str:

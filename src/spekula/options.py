@@ -10,11 +10,11 @@ import argparse
 import json
 from typing import Any
 
-from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, SuffixOptions, is_number
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, SuffixOptions
 from spekula.errors import ConfigError
+from spekula.knobs import add_knob_flags, knob_of, knob_values
 
-MIB = 1 << 20
-SUFFIX_FLAGS = ("cache_entries", "cache_mb", "max_depth", "min_token_prob", "spec_factor")  # --suffix-<name>
+SUFFIX_DEST = "suffix_"  # SuffixOptions' flags' dests: suffix_<field>, the names --config files use
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -38,17 +38,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens drafted per step: a number (0 = plain decoding) or 'auto' (default: the cost model chooses)",
     )
-    p.add_argument("--k-max", type=int, default=K_MAX, help=f"--k auto's longest draft (default {K_MAX})")
-    p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix matched (default 4)")
-    p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix matched (default 1)")
-    p.add_argument(
-        "--draft-confidence",
-        type=float,
-        default=None,
-        metavar="P",
-        help="a draft model stops its draft at the first token it gives probability < P (like transformers' "
-        "assistant_confidence_threshold; default: off, the controller's k only)",
-    )
+    # --k-max, --ngram-max, --ngram-min, --draft-confidence, --prompt-cache: from SpecConfig's declarations
+    add_knob_flags(p, SpecConfig)
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
     p.add_argument(
@@ -68,13 +59,6 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "decoding costs what it does without it; speculation gains less (k=auto drafts 2 tokens a step), and a "
         "server gives each request its own context (no batching); its cost: docs/BENCHMARKS.md, --exact "
         "(default: off; the other runtimes need no such flag)",
-    )
-    p.add_argument(
-        "--prompt-cache",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep the last finished request's cache, so a request that starts with the same tokens (a chat's next "
-        "turn, a shared system prompt) prefills only the rest, like llama.cpp's cache_prompt (default: on)",
     )
     p.add_argument(
         "--backend",
@@ -97,62 +81,21 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_suffix_options(p: argparse.ArgumentParser) -> None:
-    """The suffix proposer's knobs (--draft suffix; SuffixOptions); None: the proposer's default. For
-    generate and serve (bench and tune measure suffix with its defaults)."""
-    d = SuffixOptions()
+    """The suffix proposer's knobs (--draft suffix; SuffixOptions' declarations), each flag's default None (not
+    given: the proposer's default, which its help states). For generate and serve (bench and tune measure
+    suffix with its defaults)."""
     g = p.add_argument_group("suffix proposer (--draft suffix)")
-    g.add_argument(
-        "--suffix-cache-entries",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"earlier requests whose outputs later requests may draft from (default {d.cache_entries}; "
-        "0: none). A server keeps them per API key",
-    )
-    g.add_argument(
-        "--suffix-cache-mb",
-        type=float,
-        default=None,
-        metavar="MB",
-        help=f"memory those outputs may hold, in MiB (default {d.cache_bytes / MIB:g}); least recently used out first",
-    )
-    g.add_argument(
-        "--suffix-max-depth",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"longest suffix of the context matched, in tokens (default {d.max_depth})",
-    )
-    g.add_argument(
-        "--suffix-min-token-prob",
-        type=float,
-        default=None,
-        metavar="P",
-        help="stop a draft when its continuation's frequency among the matches (multiplied along the draft) falls "
-        f"below P (default {d.min_token_prob:g})",
-    )
-    g.add_argument(
-        "--suffix-spec-factor",
-        type=float,
-        default=None,
-        metavar="F",
-        help=f"a draft is at most F x the matched length (default {d.spec_factor:g})",
-    )
+    add_knob_flags(g, SuffixOptions, prefix=SUFFIX_DEST, given_only=True)
+
+
+def suffix_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The SuffixOptions values whose --suffix-* flags were given, by field name."""
+    return knob_values(SuffixOptions, args, prefix=SUFFIX_DEST, given_only=True)
 
 
 def suffix_from_args(args: argparse.Namespace) -> SuffixOptions:
     """--suffix-* as SuffixOptions (flags not given: the defaults)."""
-    given: dict[str, Any] = {}
-    for name in SUFFIX_FLAGS:
-        value = getattr(args, f"suffix_{name}", None)
-        if value is not None and name != "cache_mb":
-            given[name] = value
-    mb = getattr(args, "suffix_cache_mb", None)
-    if mb is not None:
-        if not is_number(mb) or mb < 0:
-            raise ConfigError(f"--suffix-cache-mb must be a number of MiB >= 0 (0: no cross-request cache), got {mb!r}")
-        given["cache_bytes"] = int(mb * MIB)
-    return SuffixOptions(**given)
+    return SuffixOptions(**suffix_given(args))
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -166,21 +109,13 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     from spekula.proposers import SUFFIX
 
-    given = [f"--suffix-{n.replace('_', '-')}" for n in SUFFIX_FLAGS if getattr(args, f"suffix_{n}", None) is not None]
+    given = [knob_of(SuffixOptions, name).flag for name in suffix_given(args)]
     if given and args.draft != SUFFIX:
         raise ConfigError(
             f"{', '.join(given)}: options of --draft {SUFFIX}, but --draft is {args.draft!r}; drop them or choose "
             f"--draft {SUFFIX}"
         )
-    return SpecConfig(
-        k=args.k,
-        k_max=args.k_max,
-        ngram_max=args.ngram_max,
-        ngram_min=args.ngram_min,
-        draft_confidence=args.draft_confidence,
-        suffix=suffix_from_args(args),
-        prompt_cache=getattr(args, "prompt_cache", True),
-    )
+    return SpecConfig(k=args.k, **knob_values(SpecConfig, args), suffix=suffix_from_args(args))
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

@@ -261,7 +261,7 @@ def test_closing_early_frees_the_caches():
     "make, message",
     [
         (lambda: SpecConfig(k=-1), "k (draft length) must be an integer >= 0"),
-        (lambda: SpecConfig(draft_confidence=1.0), "draft_confidence must be a probability strictly between 0 and 1"),
+        (lambda: SpecConfig(draft_confidence=1.0), "--draft-confidence must be a probability > 0 and < 1"),
         (lambda: SamplingParams(top_p=1.5), "top_p must be in (0, 1]"),
         (lambda: SamplingParams(temperature=-1), "temperature must be a finite number >= 0"),
         (lambda: SamplingParams(temperature=float("nan")), "temperature must be a finite number >= 0"),

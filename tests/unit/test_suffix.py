@@ -309,13 +309,13 @@ def test_never_drafts_ids_outside_the_vocabulary():
 
 def test_config_is_validated():
     for kwargs, words in [
-        ({"max_depth": 0}, "max_depth must be an integer >= 1"),
+        ({"max_depth": 0}, "--suffix-max-depth must be an integer >= 1"),
         ({"max_candidates": 1.5}, "max_candidates must be an integer >= 1"),
-        ({"cache_entries": -1}, "cache_entries must be an integer >= 0"),
+        ({"cache_entries": -1}, "--suffix-cache-entries must be an integer >= 0"),
         ({"cache_bytes": -5}, "cache_bytes must be an integer >= 0"),
-        ({"spec_factor": 0}, "spec_factor must be > 0"),
+        ({"spec_factor": 0}, "--suffix-spec-factor must be a number > 0"),
         ({"spec_offset": -1}, "spec_offset must be >= 0"),
-        ({"min_token_prob": 1.5}, "min_token_prob must be a probability"),
+        ({"min_token_prob": 1.5}, "--suffix-min-token-prob must be a probability >= 0 and <= 1"),
         ({"max_draft": 0}, "max_draft must be an integer >= 1"),
     ]:
         with pytest.raises(ConfigError, match=words):
@@ -573,7 +573,7 @@ def test_a_suffix_draft_may_be_as_long_as_the_engine_verifies():
 
 def test_user_options_reach_the_proposer():
     target = random_table_backend(VOCAB, seed=0, order=2)
-    options = SuffixOptions(cache_entries=3, cache_bytes=1 << 20, max_depth=8, min_token_prob=0.5, spec_factor=2.0)
+    options = SuffixOptions(cache_entries=3, cache_mb=1, max_depth=8, min_token_prob=0.5, spec_factor=2.0)
     factory = build_proposer(SUFFIX, SpecConfig(suffix=options), target=target)
     c = factory.config
     assert (c.cache_entries, c.cache_bytes, c.max_depth, c.min_token_prob, c.spec_factor) == (3, 1 << 20, 8, 0.5, 2.0)
@@ -582,11 +582,12 @@ def test_user_options_reach_the_proposer():
     with pytest.raises(ConfigError, match="suffix options .* 'ngram' does not use them"):
         build_proposer("ngram", SpecConfig(suffix=SuffixOptions(cache_entries=3)), target=target)
     for kwargs, words in [
-        ({"cache_entries": -1}, "suffix cache_entries must be an integer >= 0"),
-        ({"cache_bytes": 1.5}, "suffix cache_bytes must be an integer >= 0"),
-        ({"max_depth": 0}, "suffix max_depth must be an integer >= 1"),
-        ({"min_token_prob": -0.1}, "suffix min_token_prob must be a probability"),
-        ({"spec_factor": float("inf")}, "suffix spec_factor must be > 0"),
+        ({"cache_entries": -1}, "--suffix-cache-entries must be an integer >= 0, got -1"),
+        ({"cache_mb": -1}, "--suffix-cache-mb must be a number of MiB >= 0, got -1"),
+        ({"cache_mb": True}, "--suffix-cache-mb must be a number of MiB"),
+        ({"max_depth": 0}, "--suffix-max-depth must be an integer >= 1, got 0"),
+        ({"min_token_prob": -0.1}, "--suffix-min-token-prob must be a probability >= 0 and <= 1"),
+        ({"spec_factor": float("inf")}, "--suffix-spec-factor must be a number > 0"),
     ]:
         with pytest.raises(ConfigError, match=words):
             SpecConfig(suffix=SuffixOptions(**kwargs))
@@ -615,12 +616,13 @@ def test_suffix_flags():
         "--suffix-spec-factor",
         "2",
     ).suffix
-    assert got == SuffixOptions(cache_entries=5, cache_bytes=3 << 19, max_depth=12, min_token_prob=0.3, spec_factor=2.0)
+    assert got == SuffixOptions(cache_entries=5, cache_mb=1.5, max_depth=12, min_token_prob=0.3, spec_factor=2.0)
+    assert got.cache_bytes == 3 << 19
     with pytest.raises(
         ConfigError, match="--suffix-cache-mb, --suffix-max-depth: options of --draft suffix, but --draft is 'ngram'"
     ):
         spec("--draft", "ngram", "--suffix-cache-mb", "8", "--suffix-max-depth", "4")
     with pytest.raises(ConfigError, match="--suffix-cache-mb must be a number of MiB >= 0"):
         spec("--draft", "suffix", "--suffix-cache-mb", "-1")
-    with pytest.raises(ConfigError, match="suffix cache_entries must be an integer >= 0"):
+    with pytest.raises(ConfigError, match="--suffix-cache-entries must be an integer >= 0, got -2"):
         spec("--draft", "suffix", "--suffix-cache-entries", "-2")

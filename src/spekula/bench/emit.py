@@ -25,14 +25,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spekula.config import K_MAX, SuffixOptions, is_int
+from spekula.config import SpecConfig, SuffixOptions
 from spekula.errors import ConfigError
+from spekula.knobs import is_int
 from spekula.options import read_json_object
 
 VLLM = "vllm"
 SGLANG = "sglang"
 LLAMA_SERVER = "llama-server"
 ENGINES = (VLLM, SGLANG, LLAMA_SERVER)
+SPEC, SUFFIX_OPTIONS = SpecConfig(), SuffixOptions()  # declared defaults: for a key a config lacks; tune's suffix
 
 # Where each engine documents the names used below (read for this module; the test repeats them).
 SOURCES = {
@@ -148,7 +150,7 @@ def emit(engine: str, config: Mapping[str, Any], steps_by_k: Mapping[Any, int] |
             "engine without one (and tune again on the deployment's hardware: the costs there differ)"
         )
         return Emission(engine, {}, tuple(notes), model)
-    k_max = int(config.get("k_max") or K_MAX)
+    k_max = int(config.get("k_max") or SPEC.k_max)
     if draft == SUFFIX:
         return _suffix(engine, model, k, k_max, notes)
     n, how = _fixed_k(k, k_max, steps_by_k)
@@ -181,7 +183,7 @@ def _fixed_k(k: Any, k_max: int, steps_by_k: Mapping[Any, int] | None) -> tuple[
 
 
 def _ngram(engine: str, n: int, config: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
-    lo, hi = int(config.get("ngram_min") or 1), int(config.get("ngram_max") or 4)
+    lo, hi = int(config.get("ngram_min") or SPEC.ngram_min), int(config.get("ngram_max") or SPEC.ngram_max)
     if engine == VLLM:
         # vllm/config/speculative.py: method "ngram", num_speculative_tokens, prompt_lookup_max / _min (the
         # same rule as spekula's: the longest suffix of the context, between min and max tokens, found earlier)
@@ -212,8 +214,8 @@ def _ngram(engine: str, n: int, config: Mapping[str, Any], notes: list[str]) -> 
 
 
 def _suffix(engine: str, model: str, k: Any, k_max: int, notes: list[str]) -> Emission:
-    """Suffix decoding with tune's suffix options (the defaults: tune measures suffix with them)."""
-    s = SuffixOptions()
+    """Suffix decoding with tune's suffix options (the declared defaults: tune measures suffix with them)."""
+    s = SUFFIX_OPTIONS
     n = k if is_int(k) else k_max
     if not is_int(k):
         notes.append(

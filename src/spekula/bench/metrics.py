@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from spekula.config import is_int
+from spekula.knobs import is_int
 from spekula.trace import RequestStats
 
 PERCENTILES = (50, 90, 99)

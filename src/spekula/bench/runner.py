@@ -28,10 +28,11 @@ from spekula.backends.base import Backend
 from spekula.bench.metrics import RequestResult, attach_comparisons
 from spekula.bench.reference import LLAMA_CPP_PYTHON, LOOPS, SPEKULA_LOOP, ReferenceContender
 from spekula.bench.workloads import COLD, WorkItem, check_repeats
-from spekula.config import K_MAX, BackendConfig, SamplingParams, SpecConfig, StopConfig
+from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.errors import ConfigError, SpekulaError
 from spekula.extras import needs_extra
+from spekula.knobs import knob_of
 from spekula.options import parse_k
 from spekula.pipeline import Pipeline
 from spekula.proposers import NGRAM, NONE, build_proposer, needs_model
@@ -44,9 +45,11 @@ WARMUP = "warmup"  # the proposer's memory of the warm-up requests, dropped befo
 RENDER = "render"  # ... of render_tokens' run: a fresh memory, so the render never drafts the run's own outputs
 SERVER = "server"  # a warm run's one memory: every request drafts from all before it, as on a server
 PREFIX_REPEAT = 1  # a warm run's prefix takes its seeds as a second repeat would (a warm run has one repeat)
-SPEC_KEYS = (
-    "draft", "k", "k_max", "ngram_max", "ngram_min", "confidence", "shadow", "backend", "exact", "loop", "name"
-)  # fmt: skip
+SPEC = SpecConfig()  # the declared defaults (spekula.config) of what a configuration sets, where no command sets it
+# The SpecConfig knobs one configuration sets: SpecChoice's field (and --spec key) -> SpecConfig's. Their
+# defaults, kinds and checks are the declarations'; prompt_cache is the run's, not a configuration's.
+CHOICE_KNOBS = {"k_max": "k_max", "ngram_max": "ngram_max", "ngram_min": "ngram_min", "confidence": "draft_confidence"}
+SPEC_KEYS = ("draft", "k", *CHOICE_KNOBS, "shadow", "backend", "exact", "loop", "name")
 ON_OFF = {"on": True, "off": False}  # shadow= (SpecConfig.shadow_drafts) and exact= (BackendConfig.exact)
 
 
@@ -58,14 +61,15 @@ class SpecChoice:
 
     draft: str
     k: int | None  # None = auto: the cost-model controller chooses k step by step
-    ngram_max: int = 4
-    ngram_min: int = 1
+    ngram_max: int = SPEC.ngram_max
+    ngram_min: int = SPEC.ngram_min
     label: str | None = None
-    confidence: float | None = None  # a draft model's draft_confidence (SpecConfig)
-    k_max: int = K_MAX  # k=auto's longest draft (SpecConfig)
+    confidence: float | None = SPEC.draft_confidence  # a draft model's draft_confidence (SpecConfig)
+    k_max: int = SPEC.k_max  # k=auto's longest draft (SpecConfig)
     backend: str | None = None  # a runtime name (spekula.backends.BACKENDS)
     loop: str = SPEKULA_LOOP  # whose generation loop decodes (spekula.bench.reference.LOOPS)
-    shadow: bool = False  # SpecConfig.shadow_drafts: on, to measure what shadow drafts are worth in one run
+    # SpecConfig.shadow_drafts: on, to measure what shadow drafts are worth in one run
+    shadow: bool = SPEC.shadow_drafts
     exact: bool | None = None  # BackendConfig.exact of this choice's target (None: the run's --exact)
 
     def __post_init__(self) -> None:
@@ -91,13 +95,7 @@ class SpecChoice:
                     f"loop={self.loop} decodes with llama-cpp-python's own settings; exact= shapes spekula's "
                     "llama.cpp runtime (drop it)"
                 )
-        SpecConfig(
-            k=self.k,
-            k_max=self.k_max,
-            ngram_max=self.ngram_max,
-            ngram_min=self.ngram_min,
-            draft_confidence=self.confidence,
-        )  # validates
+        SpecConfig(k=self.k, **self.knob_values())  # validates
         if self.confidence is not None and not needs_model(self.draft):
             raise ConfigError(
                 f"confidence= stops a draft model's draft; {self.draft!r} is not a draft model. Drop it from this "
@@ -126,10 +124,10 @@ class SpecChoice:
         short = self.draft.rstrip("/").rsplit("/", 1)[-1]
         extra = (
             f" n={self.ngram_min}-{self.ngram_max}"
-            if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (1, 4)
+            if self.draft == NGRAM and (self.ngram_min, self.ngram_max) != (SPEC.ngram_min, SPEC.ngram_max)
             else ""
         )
-        if self.k is None and self.k_max != K_MAX:
+        if self.k is None and self.k_max != SPEC.k_max:
             extra += f" k_max={self.k_max}"
         if self.confidence is not None:
             extra += f" conf={self.confidence:g}"
@@ -137,26 +135,22 @@ class SpecChoice:
             extra += " shadow=on"
         return f"{short} k={self.k_text}{extra}{on}"
 
+    def knob_values(self) -> dict[str, Any]:
+        """The SpecConfig knobs this configuration sets, by SpecConfig's names (CHOICE_KNOBS)."""
+        return {name: getattr(self, field) for field, name in CHOICE_KNOBS.items()}
+
     def spec_config(self, prompt_cache: bool = True) -> SpecConfig:
-        return SpecConfig(
-            prompt_cache=prompt_cache,
-            k=0 if self.plain else self.k,
-            k_max=self.k_max,
-            ngram_max=self.ngram_max,
-            ngram_min=self.ngram_min,
-            draft_confidence=None if self.plain else self.confidence,
-            shadow_drafts=self.shadow,
-        )
+        values = self.knob_values()
+        if self.plain:
+            values["draft_confidence"] = None
+        return SpecConfig(prompt_cache=prompt_cache, k=0 if self.plain else self.k, shadow_drafts=self.shadow, **values)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "draft": NONE if self.plain else self.draft,
             "k": 0 if self.plain else ("auto" if self.k is None else self.k),
-            "k_max": self.k_max,
-            "ngram_max": self.ngram_max,
-            "ngram_min": self.ngram_min,
-            "draft_confidence": self.confidence,
+            **self.knob_values(),
             "backend": self.backend,
             "loop": self.loop,
             "shadow": self.shadow,
@@ -170,11 +164,11 @@ PLAIN_CHOICE = SpecChoice(NONE, 0)
 def choice_with_defaults(
     draft: str,
     k: int | None,
-    ngram_max: int = 4,
-    ngram_min: int = 1,
-    confidence: float | None = None,
+    ngram_max: int = SPEC.ngram_max,
+    ngram_min: int = SPEC.ngram_min,
+    confidence: float | None = SPEC.draft_confidence,
     label: str | None = None,
-    k_max: int = K_MAX,
+    k_max: int = SPEC.k_max,
     backend: str | None = None,
 ) -> SpecChoice:
     """A SpecChoice from a command's defaults: --draft-confidence applies to draft models only, so it
@@ -187,10 +181,10 @@ def parse_spec(
     text: str,
     default_draft: str,
     default_k: int | None,
-    ngram_max: int = 4,
-    ngram_min: int = 1,
-    confidence: float | None = None,
-    k_max: int = K_MAX,
+    ngram_max: int = SPEC.ngram_max,
+    ngram_min: int = SPEC.ngram_min,
+    confidence: float | None = SPEC.draft_confidence,
+    k_max: int = SPEC.k_max,
 ) -> list[SpecChoice]:
     """'draft=ngram,k=4/8,ngram_max=3,name=lookup' -> one SpecChoice per k (k=a/b/c sweeps k; k=auto
     lets the cost model choose). backend=RUNTIME runs this configuration's target on that runtime (one
@@ -215,7 +209,7 @@ def parse_spec(
         fields[key] = value.strip()
     loop = fields.get("loop", SPEKULA_LOOP)
     if loop != SPEKULA_LOOP:
-        shaping = ("k_max", "ngram_max", "ngram_min", "confidence", "shadow", "exact")
+        shaping = (*CHOICE_KNOBS, "shadow", "exact")
         drafting = [key for key in shaping if key in fields]
         if drafting:
             raise ConfigError(
@@ -228,16 +222,11 @@ def parse_spec(
     draft = fields.get("draft", default_draft)
     ks = fields.get("k", "auto" if default_k is None else str(default_k))
     k_values = [parse_k(v) for v in ks.split("/")]
-    try:
-        nmax = int(fields.get("ngram_max", ngram_max))
-        nmin = int(fields.get("ngram_min", ngram_min))
-        k_max = int(fields.get("k_max", k_max))
-    except ValueError:
-        raise ConfigError(f"bad --spec {text!r}: k_max, ngram_max and ngram_min take integers") from None
-    try:
-        conf = float(fields["confidence"]) if "confidence" in fields else None
-    except ValueError:
-        raise ConfigError(f"bad --spec {text!r}: confidence takes a probability, e.g. confidence=0.4") from None
+    given = {key: _knob_value(text, key, fields[key]) for key in CHOICE_KNOBS if key in fields}
+    nmax = given.get("ngram_max", ngram_max)
+    nmin = given.get("ngram_min", ngram_min)
+    k_max = given.get("k_max", k_max)
+    conf = given.get("confidence")
     if "k_max" in fields and any(k is not None for k in k_values):
         raise ConfigError(
             f"bad --spec {text!r}: k_max= caps the drafts of k=auto; a fixed k drafts exactly k. Drop one of them"
@@ -259,6 +248,19 @@ def parse_spec(
         choice = replace(choice, shadow=shadow, exact=exact)
         choices.append(replace(choice, loop=loop) if loop != SPEKULA_LOOP else choice)
     return choices
+
+
+def _knob_value(text: str, key: str, value: str) -> Any:
+    """A --spec value of a SpecConfig knob, parsed as its declaration's kind and checked against its bounds,
+    a refusal naming the key as the spec wrote it."""
+    meta = replace(knob_of(SpecConfig, CHOICE_KNOBS[key]), flag=f"bad --spec {text!r}: {key}")
+    try:
+        parsed = meta.kind(value)
+    except ValueError:
+        noun = meta.noun or {int: "an integer", float: "a number"}[meta.kind]
+        raise ConfigError(f"bad --spec {text!r}: {key} takes {noun}, got {value!r}") from None
+    meta.check(parsed)
+    return parsed
 
 
 @dataclass

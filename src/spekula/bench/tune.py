@@ -21,26 +21,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spekula.bench.runner import PLAIN, PLAIN_CHOICE, SpecChoice, choice_with_defaults
-from spekula.config import K_MAX, SamplingParams
+from spekula.bench.runner import CHOICE_KNOBS, PLAIN, PLAIN_CHOICE, SPEC, SpecChoice, choice_with_defaults
+from spekula.config import SamplingParams
 
-# The keys `spekula generate --config FILE` reads: generate's option names with underscores.
-CONFIG_KEYS = (
-    "target",
-    "draft",
-    "k",
-    "k_max",
-    "dtype",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "ngram_max",
-    "ngram_min",
-    "draft_confidence",
-    "backend",
-    "exact",
-)
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+# The keys `spekula generate --config FILE` reads: generate's option names with underscores. The SpecConfig
+# knobs a configuration sets are their fields' names, which are their flags' dests (spekula.knobs).
+CONFIG_KEYS = ("target", "draft", "k", *CHOICE_KNOBS.values(), "dtype", *SAMPLING_KEYS, "backend", "exact")
 
 
 def sweep_choices(
@@ -49,10 +36,10 @@ def sweep_choices(
     *,
     backends: list[str] | None = None,
     runtime: str | None = None,
-    ngram_max: int = 4,
-    ngram_min: int = 1,
-    confidence: float | None = None,
-    k_max: int = K_MAX,
+    ngram_max: int = SPEC.ngram_max,
+    ngram_min: int = SPEC.ngram_min,
+    confidence: float | None = SPEC.draft_confidence,
+    k_max: int = SPEC.k_max,
 ) -> list[SpecChoice]:
     """Every proposer x k (plain decoding and k = 0 left out: the baseline is always measured), on the
     run's runtime and, for each other runtime in `backends`, plain decoding plus the same grid there."""
@@ -141,15 +128,9 @@ def tuned_config(
         "target": target,
         "draft": d["draft"],
         "k": d["k"],
-        "k_max": d["k_max"],
+        **choice.knob_values(),  # what the recommended configuration was measured with (draft_confidence too)
         "dtype": "float32" if backend == LLAMACPP else dtype,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "min_p": sampling.min_p,
-        "ngram_max": d["ngram_max"],
-        "ngram_min": d["ngram_min"],
-        "draft_confidence": d["draft_confidence"],  # what the recommended configuration was measured with
+        **{key: getattr(sampling, key) for key in SAMPLING_KEYS},
         "backend": backend,  # None: the runtime generate picks by default (what tune ran on, given the same machine)
         "exact": exact,
     }

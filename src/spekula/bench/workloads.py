@@ -23,8 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from spekula.config import is_int
 from spekula.errors import ConfigError
+from spekula.knobs import is_int
 
 BUILTIN = "builtin"
 # The suite's categories, in the order reports show them; each is one file in bench/suite/.

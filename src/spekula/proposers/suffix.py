@@ -66,9 +66,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 
-from spekula.config import K_MAX, SamplingParams, SuffixOptions, is_int, is_number
+from spekula.config import K_MAX, SamplingParams, SuffixOptions
 from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, SUFFIX, DraftClass
 from spekula.errors import ConfigError
+from spekula.knobs import is_int, is_number
 from spekula.noise import PositionalNoise
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.proposers.copy_cursor import CopyCursor
@@ -103,8 +104,18 @@ class SuffixConfig:
     cache_prompts: bool = False  # cache prompts too, not only outputs (the current prompt is always used)
 
     def __post_init__(self) -> None:
-        # the knobs a user sets are checked where SuffixOptions is made, with the same words
-        SuffixOptions(self.cache_entries, self.cache_bytes, self.max_depth, self.min_token_prob, self.spec_factor)
+        # the knobs a user sets are checked as SuffixOptions declares them, with the same words; the cache's
+        # bound in bytes (a user sets it in MiB) here
+        SuffixOptions(
+            cache_entries=self.cache_entries,
+            max_depth=self.max_depth,
+            min_token_prob=self.min_token_prob,
+            spec_factor=self.spec_factor,
+        )
+        if not is_int(self.cache_bytes) or self.cache_bytes < 0:
+            raise ConfigError(
+                f"suffix cache_bytes must be an integer >= 0 (0: no cross-request cache), got {self.cache_bytes!r}"
+            )
         for name in ("max_candidates", "max_draft"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
@@ -115,7 +126,8 @@ class SuffixConfig:
     @classmethod
     def from_options(cls, options: SuffixOptions, max_draft: int = K_MAX) -> SuffixConfig:
         """The user's knobs (SpecConfig.suffix) and the longest draft the engine verifies, the rest at defaults."""
-        return cls(**asdict(options), max_draft=max_draft)
+        user = {name: value for name, value in asdict(options).items() if name != "cache_mb"}  # a user sets MiB
+        return cls(**user, cache_bytes=options.cache_bytes, max_draft=max_draft)
 
     def draft_limit(self, match_length: int) -> int:
         """Longest draft after a match of this many tokens (SuffixDecoding's match-length rule)."""

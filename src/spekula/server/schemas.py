@@ -13,8 +13,9 @@ from typing import Any, Final, Literal
 
 from starlette.requests import Request
 
-from spekula.config import SamplingParams, StopConfig, is_int, is_number
+from spekula.config import SamplingParams, StopConfig
 from spekula.errors import ConfigError
+from spekula.knobs import is_int, is_number
 from spekula.proposers import MODEL_FREE, NONE
 from spekula.server.errors import APIError
 from spekula.server.settings import ServerSettings
