@@ -12,6 +12,15 @@ many as it has sequence ids to spare), or the second turn of one conversation fi
 replaced by whichever other request finished in between. Where the runtime's sequences come from a bounded pool
 (Backend.spare_sequences), the oldest kept ones are freed when a new request needs the room.
 
+Where the runtime can park a sequence (Sequence.park: llama.cpp's shared context), a kept sequence is
+parked as it is kept: its cache moves to host memory, its cells and sequence id are freed, so the
+requests that run on do not pay for reading past it in every pass, and the pool always has room. A
+request that wants it gets a new sequence with the cache copied back (Sequence.restore_into), cut to
+what they share; the parked copy is kept while it holds tokens the request does not share (a later
+request may want them), and dropped when the request holds all of it (its own cache, kept when it
+finishes, supersedes it). Memory: a parked copy holds the cache's bytes (llama.cpp: what its KV cells
+hold, K and V of every layer per token), at most max_kept of them.
+
 Where the runtime can share KV cells between sequences (llama.cpp's shared context, with the server's
 continuous batching: Backend.share_prefix) a request still prefilling also borrows from the requests
 running beside it: before each chunk, the longest prefix of its prompt that another live (or a kept)
@@ -59,11 +68,12 @@ class PromptCache:
         self._live: list[Sequence] = []  # sequences open() handed out whose requests still run
         self.hits = 0  # requests that started from the kept sequence
         self.reused_tokens = 0  # prompt tokens they did not prefill (kept or borrowed)
+        self.restores = 0  # of the hits, those copied back from a parked sequence
 
     def open(self, prefix: Seq[int]) -> Sequence:
         """A sequence for a request whose prompt, all but its last token, is `prefix`: the kept one that
-        shares most with prefix, cut back to what they share (its `length` says how many tokens are
-        already there), or a fresh one."""
+        shares most with prefix (a parked one: a new sequence holding its cache), cut back to what they
+        share (its `length` says how many tokens are already there), or a fresh one."""
         shares = [shared_prefix(kept.tokens, prefix) for kept in self._kept]
         best = max(reversed(range(len(shares))), key=shares.__getitem__, default=None)  # ties: the latest
         # Where the runtime shares cells between sequences, a fresh sequence borrows the shared part
@@ -74,9 +84,13 @@ class PromptCache:
         # was full cut an edit session's first turn back to the system prompt when a short request came
         # in just after it finished, and its second turn prefilled its whole prompt again.)
         useful = best is not None and shares[best] >= self.min_tokens
+        if best is not None and useful and self._kept[best].parked:
+            return self._restore(self._kept[best], shares[best])
         shares_cells = self.backend.capabilities.shares_prefix
-        if useful and shares_cells and self.backend.spare_sequences() == 0 and len(self._kept) > 1:
-            self._kept.pop(1 if best == 0 else 0).release()
+        if useful and shares_cells and self.backend.spare_sequences() == 0:
+            others = [i for i in self._resident() if i != best]
+            if others:
+                self._kept.pop(others[0]).release()
         borrows = shares_cells and self.backend.spare_sequences() != 0
         if useful and not borrows:
             assert best is not None  # useful says so
@@ -88,10 +102,37 @@ class PromptCache:
             return kept
         # the oldest kept ones make room: in the runtime's pool, and (nothing kept is of use to this
         # request) in memory, as one kept sequence is freed when an unrelated prompt arrives
-        while self._kept and (self.backend.spare_sequences() == 0 or (not useful and len(self._kept) >= self.max_kept)):
+        self._free_room()
+        while self._kept and not useful and len(self._kept) >= self.max_kept:
             self._kept.pop(0).release()
         sequence = self.backend.new_sequence()
         self._live.append(sequence)
+        return sequence
+
+    def _resident(self) -> list[int]:
+        """The kept sequences that hold cells in the runtime (not parked), oldest first, by index."""
+        return [i for i, kept in enumerate(self._kept) if not kept.parked]
+
+    def _free_room(self) -> None:
+        """With the runtime's pool full, free the oldest resident kept sequences until it has room."""
+        while self.backend.spare_sequences() == 0 and (resident := self._resident()):
+            self._kept.pop(resident[0]).release()
+
+    def _restore(self, parked: Sequence, shared: int) -> Sequence:
+        """A new sequence for a request that shares `shared` tokens with a parked kept sequence: its cache
+        copied back and cut to them (a fresh one where the runtime cannot: the request prefills it all)."""
+        self._free_room()
+        sequence = self.backend.new_sequence()
+        self._live.append(sequence)
+        if not parked.restore_into(sequence):
+            return sequence
+        sequence.truncate(shared)
+        self.hits += 1
+        self.restores += 1
+        self.reused_tokens += shared
+        if shared == parked.length:  # the request holds all of it: its own cache will supersede it
+            self._kept.remove(parked)
+            parked.release()
         return sequence
 
     def borrow(self, sequence: Sequence, prefix: Seq[int]) -> int:
@@ -100,7 +141,7 @@ class PromptCache:
         (Backend.share_prefix). Returns the tokens it gained (0: nothing to borrow)."""
         if not self.enabled or len(prefix) <= sequence.length:
             return 0
-        sources = [s for s in [*self._live, *self._kept] if s is not sequence]
+        sources = [s for s in [*self._live, *self._kept] if s is not sequence and not s.parked]
         best = max(sources, key=lambda s: shared_prefix(s.tokens, prefix), default=None)
         return 0 if best is None else self._borrow_from(best, sequence, prefix)
 
@@ -125,6 +166,8 @@ class PromptCache:
             self._kept.append(sequence)
         while len(self._kept) > self.max_kept:
             self._kept.pop(0).release()
+        if sequence in self._kept:
+            sequence.park()  # where the runtime can: off the shared pool, into host memory
 
     def clear(self) -> None:
         """Free the kept sequences' memory."""

@@ -10,6 +10,7 @@ by default). llama.cpp's default attention kernel in the shared context is check
 
 from __future__ import annotations
 
+import llama_cpp
 import pytest
 import torch
 from test_prefill_chunks import Log, recorded  # noqa: F401 (recorded: a fixture, the scheduler's log with chunks)
@@ -18,6 +19,7 @@ from spekula.backends import llamacpp
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.errors import ConfigError
 from spekula.pipeline import Pipeline, load_model
+from spekula.prompt_cache import PromptCache
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Finished, Scheduler
 
@@ -260,3 +262,29 @@ def test_requests_that_arrive_together_with_one_system_prompt_prefill_it_once(re
         assert log.text(name) == pipe.generate(ids, SamplingParams(), stop, plain=True).text, name
     cached = sorted(log.of(name)[-1][1].stats.cached_tokens for name in prompts)
     assert cached[0] == 0 and all(c >= len(system) - 1 for c in cached[1:])
+
+
+def test_a_kept_cache_is_parked_off_the_shared_context_and_restored_for_the_next_turn(batched):
+    """A finished request's sequence, kept by the prompt cache, leaves the shared context (its cells and
+    id freed, so the requests running on do not read past them) for host memory; the next turn gets a
+    new sequence holding it again, and scores its next tokens exactly as after prefilling them itself.
+    A request that shares only part of it gets that part and leaves the parked copy whole."""
+    backend, codec = batched
+    ids = codec.encode(PROMPTS["story"])
+    cache = PromptCache(backend, max_kept=3)
+    turn1 = cache.open(ids[:-1])
+    turn1.forward(ids + [11, 22], 1)
+    cache.close(turn1, reusable=True)
+    assert turn1.parked and turn1.tokens == ids + [11, 22] and backend.spare_sequences() == 3
+    assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(backend._shared.ctx.ctx), turn1.seq_id) == -1
+    with pytest.raises(RuntimeError, match="parked"):
+        turn1.forward([5])
+    part = cache.open(ids[:4] + [99])  # shares 4 tokens: the copy stays whole for a request that shares more
+    assert part.tokens == ids[:4] and part.context is backend._shared and turn1.parked and cache.restores == 1
+    assert torch.equal(part.forward([33, 44]), _fresh_block(backend, ids[:4], [33, 44]))
+    turn2 = cache.open(ids + [11, 22, 7])  # holds it all: the parked copy is dropped
+    assert turn2.tokens == ids + [11, 22] and turn1.released and cache.restores == 2
+    assert torch.equal(turn2.forward([33, 44]), _fresh_block(backend, ids + [11, 22], [33, 44]))
+    for s in (part, turn2):
+        cache.close(s, reusable=False)
+    assert backend.spare_sequences() == 3

@@ -145,6 +145,53 @@ def test_where_cells_are_shared_a_kept_sequence_is_borrowed_from_and_stays_whole
     assert not live.released and not short.released
 
 
+class ParkingBackend(PooledBackend):
+    """A pooled runtime that can park a sequence: off the pool (its slot free), its tokens kept."""
+
+    def new_sequence(self):
+        sequence = super().new_sequence()
+        sequence.parked = False
+
+        def park():
+            sequence.parked = True
+            self.open_sequences.remove(sequence)  # its slot is free
+            return True
+
+        def restore_into(target):
+            if not sequence.parked or target.length:
+                return False
+            target.tokens = list(sequence.tokens)
+            return True
+
+        sequence.park, sequence.restore_into = park, restore_into
+        return sequence
+
+
+def test_a_kept_sequence_is_parked_and_restored_into_a_new_one():
+    """Where the runtime can park, a kept sequence leaves the pool as it is kept; a request that shares part
+    of it gets a new sequence holding that part (the parked copy stays for one that shares more, and is never
+    borrowed from: its cells are not in the pool); one that shares all of it takes it, and the copy goes."""
+    backend = ParkingBackend(size=3)
+    cache = PromptCache(backend, max_kept=4)
+    talk = cache.open([])
+    talk.forward([1, 2, 3, 4, 5, 6])
+    cache.close(talk, reusable=True)
+    assert talk.parked and talk.length == 6 and backend.spare_sequences() == 3
+    part = cache.open([1, 2, 9])
+    assert part is not talk and part.tokens == [1, 2] and talk.parked and talk.length == 6
+    assert (cache.hits, cache.restores, cache.reused_tokens) == (1, 1, 2)
+    other = cache.open([1, 2, 3, 4, 0])
+    assert other.tokens == [1, 2, 3, 4] and cache.restores == 2
+    new = cache.open([7])  # shares nothing; it borrows from the live `other`, not the parked `talk`
+    assert cache.borrow(new, [1, 2, 3, 4, 5, 6, 0]) == 4 and new.tokens == [1, 2, 3, 4]
+    for live in (part, other, new):
+        cache.close(live, reusable=False)
+    whole = cache.open([1, 2, 3, 4, 5, 6, 7])
+    assert whole.tokens == [1, 2, 3, 4, 5, 6] and talk.length == 0 and cache.restores == 3
+    cache.close(whole, reusable=True)
+    assert whole.parked and cache._kept == [whole]
+
+
 @pytest.mark.parametrize("draft,k", [("none", 0), ("ngram", 3), ("suffix", None)])
 def test_a_next_turn_prefills_only_its_new_tokens_and_decodes_as_from_scratch(draft, k):
     """Turn 2 re-sends turn 1's prompt and answer: with the cache it prefills only the new tokens, and its

@@ -62,6 +62,21 @@ class Sequence(ABC):
         """Free the cache's memory; the sequence is empty afterwards."""
         self.truncate(0)
 
+    # A kept (finished) sequence may be parked: its cache moved out of the runtime's pass-sharing pool
+    # into host memory, so that the pool's passes no longer read past its cells, and copied back into a
+    # new sequence when a request wants it (PromptCache). Runtimes without such a pool keep it in place.
+    parked = False  # parked: forward and truncate refuse; restore_into and release are what is left
+
+    def park(self) -> bool:
+        """Move this sequence's cache out of the runtime's shared pool (its cells and id freed, `tokens`
+        kept); False: nothing done, the sequence stays as it is (the default)."""
+        return False
+
+    def restore_into(self, target: Sequence) -> bool:
+        """A parked sequence: give the empty `target` (of the same backend) its cache and tokens, and stay
+        parked (a snapshot: it can be restored again). False: nothing done, target still empty."""
+        return False
+
     @abstractmethod
     def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor: ...
 

@@ -8,7 +8,10 @@ several rows costs far less than as many one-row passes). Any further sequence, 
 when parallel is 1, gets a context of its own from a pool. `forward` is one llama_decode over the
 block with logits requested for the last num_logits positions only (a long prefill does not pay the
 output layer for every prompt token); `truncate` removes the sequence's KV cells from the cut on
-(llama.cpp's memory_seq_rm) and moves the position, so rollback costs nothing.
+(llama.cpp's memory_seq_rm) and moves the position, so rollback costs nothing. A finished sequence of the
+shared context that the prompt cache keeps is parked (`park`): its cells copied to host memory and freed, so
+the others' passes do not read past them, and copied back into a new sequence (`restore_into`) for a request
+that wants them.
 
 Exact mode (BackendConfig.exact) makes a token's logits independent of how many tokens share its pass,
 bit for bit, so greedy speculative output equals plain decoding in the same mode. Three causes of
@@ -199,7 +202,9 @@ class LlamaCppBackend(Backend):
         shared = self._shared
         if shared is None or not isinstance(source, LlamaCppSequence) or not isinstance(target, LlamaCppSequence):
             return False
-        if source.context is not shared or target.context is not shared or source.released or target.released:
+        if source.context is not shared or target.context is not shared:
+            return False
+        if source.released or target.released or source.parked or target.parked:
             return False
         start = target.length
         if not start < length <= source.length or source.tokens[:start] != target.tokens:
@@ -326,26 +331,78 @@ class LlamaCppSequence(Sequence):
         self.context = context
         self.seq_id = seq_id
         self.released = False
+        self._state: np.ndarray | None = None  # a parked sequence's cache (llama_state_seq_get_data's bytes)
         context.ctx.kv_cache_seq_rm(seq_id, 0, -1)
 
     def check_open(self) -> None:
         if self.released:  # its sequence id or context may be another sequence's now
             raise RuntimeError("this sequence was released; open a new one with backend.new_sequence()")
+        if self.parked:  # as released: its id is free; its cache lives in host memory
+            raise RuntimeError("this sequence is parked; restore it into a new sequence (restore_into)")
 
     def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
         self.check_open()
         return self.backend._decode(self.context, [_Block(self, token_ids, num_logits)])[0]
 
     def _truncate(self, length: int) -> None:
+        self.check_open()
         self.context.ctx.kv_cache_seq_rm(self.seq_id, length, -1)
+
+    @property
+    def parked(self) -> bool:  # type: ignore[override]  # a class attribute in Sequence
+        return self._state is not None
+
+    def park(self) -> bool:
+        """In the shared context: copy the sequence's KV cells into host memory (llama_state_seq_get_data,
+        as llama-server's prompt cache in RAM does), then free the cells and the sequence id. A finished
+        request's cells left in the shared context would be read past by every later pass of the others
+        (llama.cpp builds each pass's attention mask over every cell in use), making their steps slower
+        (`scripts/experiments/parked_caches.py` measures it). A sequence with a context of its own is left
+        as it is: nothing else reads its cells."""
+        import llama_cpp
+
+        if self.released or self.parked or not self.tokens or self.context is not self.backend._shared:
+            return False
+        ctx = self.context.ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, self.seq_id)
+        state = np.empty(size, dtype=np.uint8)
+        if llama_cpp.llama_state_seq_get_data(ctx, _pointer(state), size, self.seq_id) != size:
+            return False
+        self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
+        self.backend._free_ids.append(self.seq_id)
+        self._state = state
+        return True
+
+    def restore_into(self, target: Sequence) -> bool:
+        import llama_cpp
+
+        state = self._state
+        if state is None or not isinstance(target, LlamaCppSequence) or target.backend is not self.backend:
+            return False
+        if target.released or target.parked or target.length:
+            return False
+        ctx = target.context.ctx.ctx
+        if llama_cpp.llama_state_seq_set_data(ctx, _pointer(state), state.size, target.seq_id) != state.size:
+            target.context.ctx.kv_cache_seq_rm(target.seq_id, 0, -1)  # what a failed read left
+            return False
+        target.tokens = list(self.tokens)
+        return True
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
-        self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
         self.tokens.clear()
+        if self._state is not None:  # parked: its cells and id were freed then
+            self._state = None
+            return
+        self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
         if self.context is self.backend._shared:
             self.backend._free_ids.append(self.seq_id)
         else:
             self.backend._pool.append(self.context)
+
+
+def _pointer(buffer: np.ndarray) -> Any:
+    """buffer's bytes as the uint8 pointer llama.cpp's state functions take."""
+    return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
