@@ -77,7 +77,7 @@ def register_generate(sub: Any) -> dict[str, argparse.ArgumentParser]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from spekula.divergence import NEAR_TIE_GAP, NEAR_TIES, TopLog, find_divergence, guarantee, near_ties
+    from spekula.divergence import TopLog, guarantee
     from spekula.pipeline import Pipeline
     from spekula.trace import JsonlTrace
 
@@ -115,29 +115,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if pipe.engine.proposer is not None:
         out["guarantee"] = promise.to_dict()
     if args.compare:
-        plain_log = TopLog()  # both runs record, so both pay the same for it
-        base = pipe.generate(prompt_ids, sampling, stop, plain=True, recorder=plain_log)
-        out["baseline"] = {
-            "text": base.text,
-            "token_ids": base.token_ids,
-            "tokens_per_s": base.stats.tokens_per_s,
-            "stats": base.stats.to_dict(),
-        }
-        out["identical"] = base.token_ids == result.token_ids
-        out["speedup"] = _ratio(result.stats.tokens_per_s, base.stats.tokens_per_s)
-        if sampling.greedy:  # sampled outputs may differ without anything wrong: no divergence to explain
-            divergence = find_divergence(base.token_ids, result.token_ids, plain_log, spec_log, pipe.codec.decode)
-            out["divergence"] = divergence.to_dict() if divergence is not None else None
-            if promise.kind == NEAR_TIES:  # where this run could have parted from plain decoding, listed
-                assert spec_log is not None  # --compare recorded it
-                ties = near_ties(spec_log, len(result.token_ids))
-                out["near_ties"] = {"gap": NEAR_TIE_GAP, "positions": [{"position": p, "top2_gap": g} for p, g in ties]}
+        assert spec_log is not None  # --compare recorded it
+        out.update(_compare(pipe, prompt_ids, sampling, stop, result, spec_log, promise))
     if args.json:
         print(json.dumps(out))
     else:
         print()
         print(_summary(out))
     return 0
+
+
+def _compare(pipe, prompt_ids: list[int], sampling, stop: StopConfig, result, spec_log, promise) -> dict[str, Any]:
+    """generate --compare: the same prompt decoded plainly; the speedup, whether the outputs are identical and,
+    greedy, where they part and the near-ties where they could have."""
+    from spekula.divergence import NEAR_TIE_GAP, NEAR_TIES, TopLog, find_divergence, near_ties
+
+    out: dict[str, Any] = {}
+    plain_log = TopLog()  # both runs record, so both pay the same for it
+    base = pipe.generate(prompt_ids, sampling, stop, plain=True, recorder=plain_log)
+    out["baseline"] = {
+        "text": base.text,
+        "token_ids": base.token_ids,
+        "tokens_per_s": base.stats.tokens_per_s,
+        "stats": base.stats.to_dict(),
+    }
+    out["identical"] = base.token_ids == result.token_ids
+    out["speedup"] = _ratio(result.stats.tokens_per_s, base.stats.tokens_per_s)
+    if sampling.greedy:  # sampled outputs may differ without anything wrong: no divergence to explain
+        divergence = find_divergence(base.token_ids, result.token_ids, plain_log, spec_log, pipe.codec.decode)
+        out["divergence"] = divergence.to_dict() if divergence is not None else None
+        if promise.kind == NEAR_TIES:  # where this run could have parted from plain decoding, listed
+            ties = near_ties(spec_log, len(result.token_ids))
+            out["near_ties"] = {"gap": NEAR_TIE_GAP, "positions": [{"position": p, "top2_gap": g} for p, g in ties]}
+    return out
 
 
 def _summary(out: dict[str, Any]) -> str:

@@ -401,13 +401,7 @@ class CostModel:
         Returns whether it measured.
         """
         last = k_max + 1
-        wide, n = [], 16
-        while n <= last:
-            n *= 2
-        while max_rows > last and n < max_rows:
-            wide.append(n)
-            n *= 2
-        wide += [max_rows] if max_rows > last else []
+        wide = _batch_widths(last, max_rows)
         prefix = list(range(100, 100 + context))
         seq = target.new_sequence()
         timed: dict[int, float] = {}
@@ -437,29 +431,49 @@ class CostModel:
         finally:
             seq.release()
         if not self.frozen:
-            self._recalibrations += 1 if self.calibrated else 0
-            self.target_s.update(timed)
-            self.calibrated = dict(self.target_s)
-            self._online.clear()
-            self._drift_at.clear()
-            self._forget_costs()
-            self._calibrated_at = self.steps
+            self._adopt(timed)
         if draft is not None:
-            dseq = draft.new_sequence()
-            start = time.perf_counter()
-            dseq.forward(prefix, num_logits=1)
-            self.draft_prefill_s_per_token = (time.perf_counter() - start) / len(prefix)
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                dseq.forward(prefix[:1], num_logits=1)
-                self.observe_draft(1, time.perf_counter() - start)
-                dseq.truncate(context)
-            dseq.release()
+            self._calibrate_draft(draft, prefix, context, repeats)
         return True
+
+    def _adopt(self, timed: dict[int, float]) -> None:
+        """Take a calibration's times: they replace the table's, and become what drift is measured from."""
+        self._recalibrations += 1 if self.calibrated else 0
+        self.target_s.update(timed)
+        self.calibrated = dict(self.target_s)
+        self._online.clear()
+        self._drift_at.clear()
+        self._forget_costs()
+        self._calibrated_at = self.steps
+
+    def _calibrate_draft(self, draft, prefix: list[int], context: int, repeats: int) -> None:
+        """Time the draft's prefill of `prefix` (per token), then its one-token step, repeats + 1 times."""
+        dseq = draft.new_sequence()
+        start = time.perf_counter()
+        dseq.forward(prefix, num_logits=1)
+        self.draft_prefill_s_per_token = (time.perf_counter() - start) / len(prefix)
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            dseq.forward(prefix[:1], num_logits=1)
+            self.observe_draft(1, time.perf_counter() - start)
+            dseq.truncate(context)
+        dseq.release()
 
 
 _TABLES = frozenset({"target_s", "calibrated"})  # CostModel's tables: assigning one forgets the costs derived
 _PRIOR_RATES = (PRIOR_ALPHA,) * POSITIONS
+
+
+def _batch_widths(last: int, max_rows: int) -> list[int]:
+    """The widths past `last` (k_max + 1) that calibrate times for a batching server: powers of two from the
+    first past max(16, last), then max_rows itself (none when max_rows <= last)."""
+    wide, n = [], 16
+    while n <= last:
+        n *= 2
+    while max_rows > last and n < max_rows:
+        wide.append(n)
+        n *= 2
+    return wide + ([max_rows] if max_rows > last else [])
 
 
 def calibration_widths(k_max: int, every: bool = False) -> list[int]:

@@ -149,10 +149,7 @@ class Generation:
         self.proposer: Proposer | None = None
         self.plain = plain  # no proposer for this request (Engine.generate's plain)
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
-        self._start_time: float | None = None
-        self._setup_s = setup_s
-        self._prefill_done = False
-        self._folded: list[int] | None = None  # the prompt's last chunk, left to the first step's pass (fold)
+        self._prefill = Prefill(setup_s)  # where the prompt's prefill stands, and the request's clock
         self._step = 0
         self._class_at: tuple[int, DraftClass | None] | None = None  # (committed length, its draft class): _draft_class
         self._shadow: ShadowDraft | None = None  # a free draft not verified, until emitted tokens settle it
@@ -233,8 +230,8 @@ class Generation:
             return None
         prompt: list[int] = []
         if not self.prefill_done:  # what is left of the prompt: this step's pass prefills it
-            prompt = self._folded if self._folded is not None else self.prefill_chunk().tokens
-            self._folded = None
+            folded = self._prefill.take_folded()
+            prompt = folded if folded is not None else self.prefill_chunk().tokens
             if not prompt:
                 self.prefilled()
         committed = self._committed
@@ -305,8 +302,7 @@ class Generation:
             stats.accept_s += t3 - t2
             stats.advance_s += t4 - t3
         if stats.ttft_s is None:
-            assert self._start_time is not None  # set by _open, with the first prefill chunk
-            stats.ttft_s = t4 - self._start_time
+            stats.ttft_s = self._prefill.since_start(t4)
         if self.recorder is not None:
             timings = {"draft": draft_s, "score": score_s, "accept": t3 - t2, "advance": t4 - t3}
             self.recorder.step(
@@ -333,29 +329,29 @@ class Generation:
     def prefill_done(self) -> bool:
         """The target's cache holds the prompt (all but the pending last token): the next plan() decodes
         (a plan() before then carries what is left of the prompt in its step's pass)."""
-        return self._prefill_done
+        return self._prefill.done
 
     @property
     def ready(self) -> bool:
         """The next plan() can run: the prompt is prefilled, or its last chunk was folded into it."""
-        return self._prefill_done or self._folded is not None
+        return self._prefill.ready
 
     def fold(self, chunk: PrefillChunk) -> None:
         """Leave the prompt's last chunk (from prefill_chunk(), not run) to the first step's pass: one
         pass prefills it and scores the pending token and the draft, as a batching server's round does
         with a request whose prompt finishes in it."""
-        if chunk.sequence is not self.target_sequence or self._prefill_done:
+        if chunk.sequence is not self.target_sequence or self._prefill.done:
             raise RuntimeError("fold() takes this request's last prefill chunk, before its first step")
         if len(chunk.tokens) != self.prefill_left:
             raise ValueError(
                 f"fold() takes the prompt's last chunk: {self.prefill_left} tokens, not {len(chunk.tokens)}"
             )
-        self._folded = list(chunk.tokens)
+        self._prefill.folded = list(chunk.tokens)
 
     @property
     def prefill_left(self) -> int:
         """Prompt tokens the target has still to prefill (0 once prefill_done, and for a one-token prompt)."""
-        if self._prefill_done:
+        if self._prefill.done:
             return 0
         held = self.target_sequence.length if self.target_sequence is not None else 0
         return max(len(self.prompt_ids) - 1 - held, 0)
@@ -373,7 +369,7 @@ class Generation:
         A chunk may be empty (a one-token prompt: nothing to prefill)."""
         if budget is not None and budget < 1:
             raise ValueError(f"a prefill budget is at least 1 token (None: the whole prompt), got {budget}")
-        if self._prefill_done:
+        if self._prefill.done:
             raise RuntimeError("the prompt is prefilled already")
         if self.target_sequence is None:
             self._open()
@@ -390,16 +386,14 @@ class Generation:
         requests' steps between the chunks included; when the first step's pass prefilled the rest,
         that pass too)."""
         left = self.prefill_left
-        if left == 0 and not self._prefill_done:
-            assert self._start_time is not None  # set by _open, with the first prefill chunk
-            self._prefill_done = True
-            self.stats.prefill_s = time.perf_counter() - self._start_time
+        if left == 0 and not self._prefill.done:
+            self.stats.prefill_s = self._prefill.finish()
         return left
 
     def _open(self) -> None:
         """Open this request's caches (target and proposer) and start its clock."""
         engine = self.engine
-        self._start_time = time.perf_counter() - self._setup_s
+        self._prefill.start()
         # Kept on self so tests and tools can inspect the caches between steps.
         self.target_sequence = engine.prompt_cache.open(self._committed[:-1])
         self.stats.cached_tokens = self.target_sequence.length
@@ -411,7 +405,7 @@ class Generation:
             return
         self._finished = True
         stats = self.stats
-        stats.total_s = time.perf_counter() - self._start_time if self._start_time is not None else 0.0
+        stats.total_s = self._prefill.since_start() if self._prefill.started else 0.0
         stats.plain_pass_s = self.engine.costs.target_s.get(1)
         stats.finish_reason = self.finish_reason = self.finish_reason or "abort"
         if self.target_sequence is not None:  # kept for a next request that starts the same way, unless it failed
@@ -489,6 +483,45 @@ class Generation:
         emitted = emitted[:room]
         self.token_ids.extend(emitted)
         return emitted
+
+
+@dataclass
+class Prefill:
+    """Where a request's prompt prefill stands, and the request's clock, which its first prefill chunk
+    starts (Generation._open): stats.prefill_s, ttft_s and total_s are all measured from it."""
+
+    setup_s: float = 0.0  # what starting the request cost before its first chunk (Engine.generate): in its times
+    started_at: float | None = None  # perf_counter() at the first chunk, less setup_s (None: not started)
+    folded: list[int] | None = None  # the prompt's last chunk, left to the first step's pass (Generation.fold)
+    done: bool = False  # the target's cache holds the prompt (all but the pending last token)
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
+
+    @property
+    def ready(self) -> bool:
+        """The next step can run: the prompt is prefilled, or its last chunk was folded into that step."""
+        return self.done or self.folded is not None
+
+    def start(self) -> None:
+        """Start the request's clock, setup_s back."""
+        self.started_at = time.perf_counter() - self.setup_s
+
+    def since_start(self, now: float | None = None) -> float:
+        """Seconds from the request's start to `now` (default: the present)."""
+        assert self.started_at is not None  # started by the first prefill chunk
+        return (time.perf_counter() if now is None else now) - self.started_at
+
+    def take_folded(self) -> list[int] | None:
+        """The folded last chunk, handed to the step that runs it (None: none was folded)."""
+        folded, self.folded = self.folded, None
+        return folded
+
+    def finish(self) -> float:
+        """The prompt is in: mark it done; returns the prefill's wall time (from the request's start)."""
+        self.done = True
+        return self.since_start()
 
 
 @dataclass

@@ -40,6 +40,17 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     # --k-max, --ngram-max, --ngram-min, --draft-confidence, --prompt-cache: from SpecConfig's declarations
     add_knob_flags(p, SpecConfig)
+    _add_runtime_options(p)
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win",
+    )
+
+
+def _add_runtime_options(p: argparse.ArgumentParser) -> None:
+    """How the target and the draft run: precision, threads, context, --exact, the runtimes."""
     p.add_argument("--dtype", default="float32", help="float32 (exact comparisons) | bfloat16 (faster) | float16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
     p.add_argument(
@@ -71,12 +82,6 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="how the draft model runs (default: llamacpp for a built-in draft when the target runs in PyTorch, "
         "else like --backend)",
-    )
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        default=None,
-        help="JSON file of option values (e.g. written by `spekula tune`); flags given on the command line win",
     )
 
 

@@ -212,18 +212,7 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
         "and writes it as a config file for `spekula generate --config`.",
     )
     add_workload_options(p, per_category=None, max_tokens=64)
-    p.add_argument(
-        "--sample", type=int, default=8, help="prompts drawn (seeded) from the workload (default 8; 0 = all)"
-    )
-    p.add_argument("--sample-seed", type=int, default=0)
-    p.add_argument(
-        "--drafts",
-        default=None,
-        help="comma-separated proposers to sweep: draft models and/or ngram (default: --draft and ngram)",
-    )
-    p.add_argument(
-        "--ks", default="2,4,8", help="comma-separated k values to sweep, 'auto' included if you like (default 2,4,8)"
-    )
+    _add_sweep_options(p)
     add_spec_options(p)
     add_model_options(p)
     add_sampling_options(p)
@@ -248,6 +237,30 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
         "each, against plain decoding on the run's runtime (--backend). Default: the run's runtime only (on a CPU "
         "the native fp32 runtime is several times slower per pass than llama.cpp: docs/BENCHMARKS.md, Packed fp32)",
     )
+    _add_emit_options(p)
+    add_output_options(p)
+    p.set_defaults(func=cmd_tune)
+    return p
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    """tune's sample of the workload and the proposers x k it sweeps."""
+    p.add_argument(
+        "--sample", type=int, default=8, help="prompts drawn (seeded) from the workload (default 8; 0 = all)"
+    )
+    p.add_argument("--sample-seed", type=int, default=0)
+    p.add_argument(
+        "--drafts",
+        default=None,
+        help="comma-separated proposers to sweep: draft models and/or ngram (default: --draft and ngram)",
+    )
+    p.add_argument(
+        "--ks", default="2,4,8", help="comma-separated k values to sweep, 'auto' included if you like (default 2,4,8)"
+    )
+
+
+def _add_emit_options(p: argparse.ArgumentParser) -> None:
+    """tune's --emit: the recommendation as another engine's configuration, from this sweep or an earlier one."""
     p.add_argument(
         "--emit",
         default=None,
@@ -264,9 +277,6 @@ def register_tune(sub: Any) -> argparse.ArgumentParser:
         help="with --emit: emit from an earlier tune's tuned-config.json or tune.json instead of sweeping "
         "(tune.json also records the k that k=auto chose)",
     )
-    add_output_options(p)
-    p.set_defaults(func=cmd_tune)
-    return p
 
 
 def register_audit(sub: Any) -> argparse.ArgumentParser:
@@ -466,9 +476,7 @@ def _endpoints(args: argparse.Namespace):
 
 def cmd_bench(args: argparse.Namespace) -> int:
     require_extra("bench", "spekula bench")  # before minutes of model loading
-    from spekula.bench import commands
     from spekula.bench.report import last_line
-    from spekula.errors import ConfigError
 
     items = items_from_args(args)
     warm = warm_from_args(args, items)
@@ -477,65 +485,83 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sampling = sampling_from_args(args)
     markdown_into = Path(args.markdown_into) if args.markdown_into else None
     out = out_dir(args, "bench")
-    if args.endpoint:
-        if args.baseline != "plain":
-            raise ConfigError("--baseline names an in-process configuration; with --endpoint use --baseline-endpoint")
-        endpoint, baseline, load = _endpoints(args)
-        result, summary, paths = commands.bench_endpoints(
-            endpoint,
-            baseline,
-            items,
-            load,
-            workload_name=args.workload,
-            out_dir=out,
-            sampling=sampling,
-            max_tokens=args.max_tokens,
-            chat=args.chat,
-            progress=not args.no_progress,
-            markdown_into=markdown_into,
-            config=config_of(args),
-            repeats=args.repeats,
-            salt=args.salt,
-            warm=warm,
-        )
-    else:
-        if args.baseline_endpoint:
-            raise ConfigError("--baseline-endpoint needs --endpoint (the deployment to compare with it)")
-        if args.salt:
-            raise ConfigError("--salt is for --endpoint runs (in-process contenders keep their caches apart)")
-        choices = choices_from_args(args)
-        from spekula.bench.runner import PLAIN, check_baseline
-
-        check_baseline(args.baseline, list(dict.fromkeys([PLAIN] + [c.name for c in choices])))  # before loading
-        contenders, codec, models = load_contenders(args, choices)
-        names = ", ".join(c.name for c in contenders)
-        before = "" if warm is None else f"a warm server: {len(warm.prefix)} requests unreported, then "
-        _log(f"measuring {before}{len(items)} prompts x {len(contenders)} configurations ({names}) ...")
-        result, summary, paths = commands.bench_inprocess(
-            contenders,
-            codec,
-            items,
-            target_name=args.target,
-            models=models,
-            workload_name=args.workload,
-            out_dir=out,
-            sampling=sampling,
-            max_tokens=args.max_tokens,
-            ignore_eos=args.ignore_eos,
-            chat=args.chat,
-            repeats=args.repeats,
-            warmup=not args.no_warmup,
-            progress=not args.no_progress,
-            render_id=args.render,
-            markdown_into=markdown_into,
-            config=config_of(args),
-            baseline=args.baseline,
-            warm=warm,
-        )
+    bench = _bench_endpoints if args.endpoint else _bench_inprocess
+    result, summary, paths = bench(args, items, warm, sampling=sampling, out=out, markdown_into=markdown_into)
     print(summary)
     print(f"results: {paths['results']}\nreport:  {paths['report']}")
     print(last_line(result, paths))
     return 0
+
+
+def _bench_endpoints(
+    args: argparse.Namespace, items, warm, *, sampling, out: Path, markdown_into: Path | None
+) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """`spekula bench --endpoint URL`: returns commands.bench_endpoints' (result, summary, paths)."""
+    from spekula.bench import commands
+    from spekula.errors import ConfigError
+
+    if args.baseline != "plain":
+        raise ConfigError("--baseline names an in-process configuration; with --endpoint use --baseline-endpoint")
+    endpoint, baseline, load = _endpoints(args)
+    return commands.bench_endpoints(
+        endpoint,
+        baseline,
+        items,
+        load,
+        workload_name=args.workload,
+        out_dir=out,
+        sampling=sampling,
+        max_tokens=args.max_tokens,
+        chat=args.chat,
+        progress=not args.no_progress,
+        markdown_into=markdown_into,
+        config=config_of(args),
+        repeats=args.repeats,
+        salt=args.salt,
+        warm=warm,
+    )
+
+
+def _bench_inprocess(
+    args: argparse.Namespace, items, warm, *, sampling, out: Path, markdown_into: Path | None
+) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """`spekula bench` on models it loads: returns commands.bench_inprocess' (result, summary, paths)."""
+    from spekula.bench import commands
+    from spekula.errors import ConfigError
+
+    if args.baseline_endpoint:
+        raise ConfigError("--baseline-endpoint needs --endpoint (the deployment to compare with it)")
+    if args.salt:
+        raise ConfigError("--salt is for --endpoint runs (in-process contenders keep their caches apart)")
+    choices = choices_from_args(args)
+    from spekula.bench.runner import PLAIN, check_baseline
+
+    check_baseline(args.baseline, list(dict.fromkeys([PLAIN] + [c.name for c in choices])))  # before loading
+    contenders, codec, models = load_contenders(args, choices)
+    names = ", ".join(c.name for c in contenders)
+    before = "" if warm is None else f"a warm server: {len(warm.prefix)} requests unreported, then "
+    _log(f"measuring {before}{len(items)} prompts x {len(contenders)} configurations ({names}) ...")
+    return commands.bench_inprocess(
+        contenders,
+        codec,
+        items,
+        target_name=args.target,
+        models=models,
+        workload_name=args.workload,
+        out_dir=out,
+        sampling=sampling,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
+        chat=args.chat,
+        repeats=args.repeats,
+        warmup=not args.no_warmup,
+        progress=not args.no_progress,
+        render_id=args.render,
+        markdown_into=markdown_into,
+        config=config_of(args),
+        baseline=args.baseline,
+        warm=warm,
+    )
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -548,37 +574,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ConfigError("--from-config emits an earlier tune's result: give --emit vllm|sglang|llama-server")
         return emit_from_config(args.from_config, engines, out_dir(args, "tune") if args.out else None)
     require_extra("bench", "spekula tune")  # before minutes of model loading
-    from dataclasses import replace
-
     from spekula.bench import commands
-    from spekula.bench.runner import SpecChoice
-    from spekula.bench.tune import sweep_choices
 
     items = items_from_args(args, sample=args.sample or None, sample_seed=args.sample_seed)
     runtime = backend_from_args(args).runtime
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else []
-    if args.spec:
-        choices = choices_from_args(args)
-        for other in dict.fromkeys(b for b in backends if b != runtime):
-            choices += [SpecChoice("none", 0, backend=other)] + [
-                replace(c, backend=other) for c in choices_from_args(args) if c.backend is None and not c.plain
-            ]
-    else:
-        if args.drafts:
-            drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
-        else:
-            drafts = list(dict.fromkeys([args.draft, "ngram"]))
-        ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
-        choices = sweep_choices(
-            drafts,
-            ks,
-            backends=backends,
-            runtime=runtime,
-            ngram_max=args.ngram_max,
-            ngram_min=args.ngram_min,
-            confidence=args.draft_confidence,
-            k_max=args.k_max,
-        )
+    choices = _tune_choices(args, runtime, backends)
     if not choices:
         raise ConfigError("nothing to sweep: give --drafts and --ks (or --spec)")
     contenders, codec, models = load_contenders(args, choices)
@@ -622,6 +623,38 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_choices(args: argparse.Namespace, runtime: str, backends: list[str]) -> list:
+    """What tune sweeps: the --spec configurations (each again on every other runtime of --backends), else
+    every proposer of --drafts x every k of --ks (bench.tune.sweep_choices)."""
+    from dataclasses import replace
+
+    from spekula.bench.runner import SpecChoice
+    from spekula.bench.tune import sweep_choices
+
+    if args.spec:
+        choices = choices_from_args(args)
+        for other in dict.fromkeys(b for b in backends if b != runtime):
+            choices += [SpecChoice("none", 0, backend=other)] + [
+                replace(c, backend=other) for c in choices_from_args(args) if c.backend is None and not c.plain
+            ]
+        return choices
+    if args.drafts:
+        drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    else:
+        drafts = list(dict.fromkeys([args.draft, "ngram"]))
+    ks = [parse_k(k) for k in args.ks.split(",") if k.strip()]
+    return sweep_choices(
+        drafts,
+        ks,
+        backends=backends,
+        runtime=runtime,
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
+        confidence=args.draft_confidence,
+        k_max=args.k_max,
+    )
+
+
 def emit_from_config(path: str, engines: list[str], out: Path | None) -> int:
     """`spekula tune --from-config FILE --emit ENGINES`: no models loaded, nothing measured."""
     from spekula.bench.commands import emit_configs
@@ -642,63 +675,15 @@ def emit_from_config(path: str, engines: list[str], out: Path | None) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     require_extra("bench", "spekula audit")  # before minutes of model loading
     from spekula.bench import commands
-    from spekula.bench.audit import format_report
     from spekula.bench.manifest import manifest
-    from spekula.errors import ConfigError
 
     items = items_from_args(args)
     out = out_dir(args, "audit")
     sampling = commands.distribution_sampling(sampling_from_args(args))
     if args.endpoint or args.baseline_endpoint:
-        if not (args.endpoint and args.baseline_endpoint):
-            raise ConfigError("auditing endpoints needs both --endpoint (speculative) and --baseline-endpoint (plain)")
-        endpoint, baseline, load = _endpoints(args)
-        report = commands.audit_endpoints(
-            endpoint,
-            baseline,
-            items,
-            load,
-            max_tokens=args.max_tokens,
-            chat=args.chat,
-            progress=not args.no_progress,
-            level=args.level,
-        )
-        models = [
-            {"role": "endpoint", "url": args.endpoint, "name": args.model},
-            {"role": "baseline", "url": args.baseline_endpoint, "name": args.baseline_model or args.model},
-        ]
-        text = format_report(report) + (
-            "\n(the distribution test needs the target's exact probabilities: run audit in-process for it)"
-        )
+        report, models, text = _audit_endpoints(args, items)
     else:
-        if args.dtype != "float32":
-            _log(
-                f"note: --dtype {args.dtype}: a verify pass and a one-token pass may round differently, so greedy "
-                "near-ties can differ without a bug; float32 makes the greedy check exact"
-            )
-        choices = choices_from_args(args)
-        from spekula.bench.reference import SPEKULA_LOOP
-
-        if any(c.loop != SPEKULA_LOOP for c in choices):
-            raise ConfigError("audit checks spekula's engine; loop= is a `spekula bench` contender only (drop it)")
-        contenders, codec, models = load_contenders(args, choices)
-        report = commands.audit(
-            contenders,
-            codec,
-            items,
-            sampling=sampling,
-            max_tokens=args.max_tokens,
-            chat=args.chat,
-            samples=args.samples,
-            positions=args.positions,
-            dist_prompts=args.dist_prompts,
-            level=args.level,
-            seed=args.seed or 0,
-            progress=not args.no_progress,
-            **{k: v for k, v in (("dist_k", args.dist_k), ("min_drafted", args.min_drafted)) if v is not None},
-            default_config=default_config_name(args, choices),
-        )
-        text = format_report(report, sampling)
+        report, models, text = _audit_inprocess(args, items, sampling)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "audit.json"
     seeds = {"distribution": {"base": args.seed or 0, "rule": "sample s uses seed base + s"}}
@@ -727,3 +712,68 @@ def cmd_audit(args: argparse.Namespace) -> int:
         )
     )
     return 0 if report.passed else 1
+
+
+def _audit_endpoints(args: argparse.Namespace, items) -> tuple[Any, list[dict[str, Any]], str]:
+    """`spekula audit --endpoint URL --baseline-endpoint URL`: (the report, the models for the manifest, its text)."""
+    from spekula.bench import commands
+    from spekula.bench.audit import format_report
+    from spekula.errors import ConfigError
+
+    if not (args.endpoint and args.baseline_endpoint):
+        raise ConfigError("auditing endpoints needs both --endpoint (speculative) and --baseline-endpoint (plain)")
+    endpoint, baseline, load = _endpoints(args)
+    report = commands.audit_endpoints(
+        endpoint,
+        baseline,
+        items,
+        load,
+        max_tokens=args.max_tokens,
+        chat=args.chat,
+        progress=not args.no_progress,
+        level=args.level,
+    )
+    models = [
+        {"role": "endpoint", "url": args.endpoint, "name": args.model},
+        {"role": "baseline", "url": args.baseline_endpoint, "name": args.baseline_model or args.model},
+    ]
+    text = format_report(report) + (
+        "\n(the distribution test needs the target's exact probabilities: run audit in-process for it)"
+    )
+    return report, models, text
+
+
+def _audit_inprocess(args: argparse.Namespace, items, sampling) -> tuple[Any, list[dict[str, Any]], str]:
+    """`spekula audit` on models it loads: (the report, the models for the manifest, its text)."""
+    from spekula.bench import commands
+    from spekula.bench.audit import format_report
+    from spekula.errors import ConfigError
+
+    if args.dtype != "float32":
+        _log(
+            f"note: --dtype {args.dtype}: a verify pass and a one-token pass may round differently, so greedy "
+            "near-ties can differ without a bug; float32 makes the greedy check exact"
+        )
+    choices = choices_from_args(args)
+    from spekula.bench.reference import SPEKULA_LOOP
+
+    if any(c.loop != SPEKULA_LOOP for c in choices):
+        raise ConfigError("audit checks spekula's engine; loop= is a `spekula bench` contender only (drop it)")
+    contenders, codec, models = load_contenders(args, choices)
+    report = commands.audit(
+        contenders,
+        codec,
+        items,
+        sampling=sampling,
+        max_tokens=args.max_tokens,
+        chat=args.chat,
+        samples=args.samples,
+        positions=args.positions,
+        dist_prompts=args.dist_prompts,
+        level=args.level,
+        seed=args.seed or 0,
+        progress=not args.no_progress,
+        **{k: v for k, v in (("dist_k", args.dist_k), ("min_drafted", args.min_drafted)) if v is not None},
+        default_config=default_config_name(args, choices),
+    )
+    return report, models, format_report(report, sampling)

@@ -71,6 +71,7 @@ def bench_inprocess(
     """Run, summarise, write results.json / report.html / summary.md / plots. Returns (result, summary, paths).
     baseline: the configuration every ratio is over (default spekula's plain decoding). warm: a warm server's
     sequence (workloads.server_sequence; `items` is its reported part); None: a cold run."""
+    # long: its signature is the run's options, one a line; the body is four steps (check, run, record, write)
     _check_reported(items, warm)
     results = run_inprocess(
         contenders,
@@ -86,8 +87,47 @@ def bench_inprocess(
         baseline=baseline,
         warm_prefix=None if warm is None else list(warm.prefix),
     )
+    result = _inprocess_result(
+        contenders,
+        items,
+        results,
+        target_name=target_name,
+        models=models,
+        workload_name=workload_name,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        config=config,
+        extra=extra,
+        baseline=baseline,
+        warm=warm,
+    )
+    result["render"] = _render(
+        result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id, warm
+    )
+    summary, paths = write_outputs(result, out_dir, markdown_into)
+    return result, summary, paths
+
+
+def _inprocess_result(
+    contenders: Sequence[Contender | ReferenceContender],
+    items: list[WorkItem],
+    results: list[RequestResult],
+    *,
+    target_name: str,
+    models: list[dict[str, Any]],
+    workload_name: str,
+    sampling: SamplingParams,
+    max_tokens: int | None,
+    repeats: int,
+    config: dict[str, Any] | None,
+    extra: dict[str, Any] | None,
+    baseline: str,
+    warm: ServerSequence | None,
+) -> dict[str, Any]:
+    """An in-process run's result dict (results.result_dict), its manifest and proposer memory included."""
     memory = cold_memory(len(items), repeats) if warm is None else warm.describe()
-    result = result_dict(
+    return result_dict(
         mode="in-process",
         target=target_name,
         configs=[c.choice.to_dict() for c in contenders],
@@ -105,11 +145,6 @@ def bench_inprocess(
         memory=memory,
         category_order=None if warm is None else warm.categories(),
     )
-    result["render"] = _render(result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id)
-    if result["render"] is not None and warm is not None:
-        result["render"]["why"] += " (rendered again with an empty proposer memory, not the run's warm one)"
-    summary, paths = write_outputs(result, out_dir, markdown_into)
-    return result, summary, paths
 
 
 def _check_reported(items: list[WorkItem], warm: ServerSequence | None) -> None:
@@ -135,10 +170,11 @@ def _seeds(
 
 
 def _render(
-    result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id
+    result, contenders, codec, items, sampling, max_tokens, ignore_eos, chat, render_id, warm=None
 ) -> dict[str, Any] | None:
     """One output token by token: the given prompt, or the prompt with the median speedup under the
-    configuration with the best median speedup (a typical output, not the best case)."""
+    configuration with the best median speedup (a typical output, not the best case). warm: the run's
+    warm sequence (its proposers had a memory the rendering does not have), or None."""
     spec = [c for c in contenders if not c.plain]
     if not spec:
         return None
@@ -171,6 +207,8 @@ def _render(
         if item.prompt is not None
         else "\n\n".join(f"[{m['role']}] {m['content']}" for m in item.chat_messages())
     )
+    if warm is not None:
+        why += " (rendered again with an empty proposer memory, not the run's warm one)"
     return {"config": best, "prompt_id": item_id, "why": why, "prompt": prompt, "tokens": tokens}
 
 
@@ -210,25 +248,13 @@ def bench_endpoints(
     order = ([baseline] if baseline else []) + [endpoint]
     run_id = secrets.token_hex(4)
     prefix_errors = _send_prefix(order, warm, sampling, load, max_tokens, chat, progress, salt, run_id)
-    if warm is not None:
-        load = replace(load, requests=None)  # the sequence is the run: nothing cycles
-        phases, cycles = split_sequence(list(items), repeats), 1
-    else:
-        phases = [items] * repeats
-        cycles = -(-(load.requests or len(items)) // len(items)) if items else 1  # passes over the items per phase
+    phases, cycles, load = _phases(items, load, repeats, warm)
     results, walls, configs = _endpoint_phases(
         order, phases, cycles, sampling, load, max_tokens, chat, progress, salt, run_id
     )
-    if warm is not None:  # each endpoint was sent the prefix, then the reported requests in order
-        position = {item.id: len(warm.prefix) + n for n, item in enumerate(items)}
-        for r in results:
-            r.requests_before = position[r.prompt_id]
     base_name = baseline.name if baseline else endpoint.name
-    borrow_token_counts(results)  # a server that streams no usage counts an identical text as the other side does
-    attach_comparisons(results, base_name, sampling.greedy)
-    models = [{"role": c["name"], "name": c["model"], "url": c["url"], "sha256": None} for c in configs]
+    _compare_endpoints(results, items, warm, base_name, sampling.greedy)
     load_d = _load_record(load, repeats, f"[run {run_id}, phase N]" if salt else None)
-    memory = server_memory(warm, prefix_errors)
     seeds = _seeds(sampling, items, repeats * cycles, warm)
     result = result_dict(
         mode="endpoint",
@@ -242,13 +268,55 @@ def bench_endpoints(
         repeats=repeats,
         results=results,
         walls=walls,
-        manifest=manifest(models=models, config={**(config or {}), "load": load_d}, seeds=seeds, memory=memory),
-        extra={"load": load_d},
-        memory=memory,
-        category_order=None if warm is None else warm.categories(),
+        **_endpoint_record(configs, load_d, config, seeds, warm, prefix_errors),
     )
     summary, paths = write_outputs(result, out_dir, markdown_into)
     return result, summary, paths
+
+
+def _compare_endpoints(
+    results: list[RequestResult], items: list[WorkItem], warm: ServerSequence | None, base_name: str, greedy: bool
+) -> None:
+    """Every request counted and compared with the baseline's request of the same prompt, repeat and phase (and, in
+    a warm run, numbered by the requests each server had answered before it)."""
+    if warm is not None:  # each endpoint was sent the prefix, then the reported requests in order
+        position = {item.id: len(warm.prefix) + n for n, item in enumerate(items)}
+        for r in results:
+            r.requests_before = position[r.prompt_id]
+    borrow_token_counts(results)  # a server that streams no usage counts an identical text as the other side does
+    attach_comparisons(results, base_name, greedy)
+
+
+def _phases(
+    items: list[WorkItem], load: Load, repeats: int, warm: ServerSequence | None
+) -> tuple[list[list[WorkItem]], int, Load]:
+    """An endpoint run's phases, the passes over its items each phase makes (load.requests cycles through
+    them), and the load each phase runs under: a warm run's sequence is cut into `repeats` phases, and
+    nothing cycles."""
+    if warm is not None:
+        load = replace(load, requests=None)  # the sequence is the run: nothing cycles
+        return split_sequence(list(items), repeats), 1, load
+    cycles = -(-(load.requests or len(items)) // len(items)) if items else 1  # passes over the items per phase
+    return [items] * repeats, cycles, load
+
+
+def _endpoint_record(
+    configs: list[dict[str, Any]],
+    load_d: dict[str, Any],
+    config: dict[str, Any] | None,
+    seeds: dict[str, Any],
+    warm: ServerSequence | None,
+    prefix_errors: dict[str, int],
+) -> dict[str, Any]:
+    """An endpoint run's manifest, load and server memory, as result_dict takes them."""
+    models = [{"role": c["name"], "name": c["model"], "url": c["url"], "sha256": None} for c in configs]
+    memory = server_memory(warm, prefix_errors)
+    return {
+        "manifest": manifest(models=models, config={**(config or {}), "load": load_d}, seeds=seeds, memory=memory),
+        "extra": {"load": load_d},
+        "memory": memory,
+        "category_order": None if warm is None else warm.categories(),
+    }
 
 
 def _load_record(load: Load, phases: int, salt: str | None) -> dict[str, Any]:
@@ -384,9 +452,28 @@ def tune(
     tuning.write_config(tuned, config_path)
     steps_by_k = next((r["steps_by_k"] for r in rows if r["name"] == choice.name), None)
     emitted = emit_configs(list(emit), tuned, steps_by_k, out_dir)
-    outcome = {
+    outcome = _tune_outcome(choice.name, reason, min_speedup, tuned, config_path, rows, result, paths, emitted)
+    (out_dir / "tune.json").write_text(json.dumps(outcome, indent=1) + "\n")
+    text = _tune_text(target_name, len(items), sampling, rows, choice.name, reason, tuned, config_path, emitted)
+    emit_paths = {f"emit_{e.engine}": str(path) for e, path in emitted}
+    return outcome, text, {**paths, "tune": str(out_dir / "tune.json"), "config_file": str(config_path), **emit_paths}
+
+
+def _tune_outcome(
+    chosen: str,
+    reason: str,
+    min_speedup: float,
+    tuned: dict[str, Any],
+    config_path: Path,
+    rows: list[dict[str, Any]],
+    result: dict[str, Any],
+    paths: dict[str, str],
+    emitted: list,
+) -> dict[str, Any]:
+    """tune.json: the recommendation, the config written, the table it came from, and each engine's emission."""
+    return {
         "kind": "spekula-tune",
-        "recommended": choice.name,
+        "recommended": chosen,
         "runtime": tuned["backend"],
         "reason": reason,
         "min_speedup": min_speedup,
@@ -397,13 +484,26 @@ def tune(
         "manifest": result["manifest"],
         "emit": {e.engine: e.to_dict() for e, _ in emitted},
     }
-    (out_dir / "tune.json").write_text(json.dumps(outcome, indent=1) + "\n")
-    text = "\n".join(
+
+
+def _tune_text(
+    target_name: str,
+    prompts: int,
+    sampling: SamplingParams,
+    rows: list[dict[str, Any]],
+    chosen: str,
+    reason: str,
+    tuned: dict[str, Any],
+    config_path: Path,
+    emitted: list,
+) -> str:
+    """What `spekula tune` prints: the table, the recommendation, and where it was written."""
+    return "\n".join(
         [
-            f"## spekula tune: {target_name}, {len(items)} prompts, "
+            f"## spekula tune: {target_name}, {prompts} prompts, "
             f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}",
             "",
-            tuning.format_table(rows, choice.name),
+            tuning.format_table(rows, chosen),
             "",
             f"recommended: {reason}",
             f"runtime: {tuned['backend'] or 'the default runtime'}",
@@ -411,8 +511,6 @@ def tune(
             *[f"\n{e.text()}wrote {path}" for e, path in emitted],
         ]
     )
-    emit_paths = {f"emit_{e.engine}": str(path) for e, path in emitted}
-    return outcome, text, {**paths, "tune": str(out_dir / "tune.json"), "config_file": str(config_path), **emit_paths}
 
 
 def emit_configs(engines: list[str], tuned: dict[str, Any], steps_by_k: dict[Any, int] | None, out_dir: Path):
@@ -453,19 +551,7 @@ def audit(
     with needs_extra("bench", "spekula audit"):
         from tqdm import tqdm
 
-    if not 0 < level < 1:
-        raise ConfigError(f"--level must be in (0, 1), got {level}")
-    if dist_k < 1 or not 0 <= min_drafted <= 1:
-        raise ConfigError(f"--dist-k must be >= 1 and --min-drafted in [0, 1], got {dist_k} and {min_drafted}")
-    if samples < 1 or positions < 1 or dist_prompts < 0:
-        raise ConfigError("--samples and --positions must be >= 1, --dist-prompts >= 0")
-    if len(contenders) < 2:
-        raise ConfigError("nothing to audit: give at least one speculative configuration (--draft / --spec)")
-    if sampling.greedy and dist_prompts:
-        raise ConfigError(
-            "the distribution test needs sampling: pass --temperature > 0 (or --dist-prompts 0 for the greedy check "
-            "only)"
-        )
+    _check_audit(len(contenders), sampling, samples, positions, dist_prompts, level, dist_k, min_drafted)
     ids = encode_items(items, codec, chat)
     shortest = sorted(items, key=lambda i: len(ids[i.id]))[:dist_prompts]
     spec = len(contenders) - 1
@@ -496,6 +582,32 @@ def audit(
                 progress=tick,
             )
     return report
+
+
+def _check_audit(
+    configs: int,
+    sampling: SamplingParams,
+    samples: int,
+    positions: int,
+    dist_prompts: int,
+    level: float,
+    dist_k: int,
+    min_drafted: float,
+) -> None:
+    """audit's options, refused with the flag that sets each before anything runs."""
+    if not 0 < level < 1:
+        raise ConfigError(f"--level must be in (0, 1), got {level}")
+    if dist_k < 1 or not 0 <= min_drafted <= 1:
+        raise ConfigError(f"--dist-k must be >= 1 and --min-drafted in [0, 1], got {dist_k} and {min_drafted}")
+    if samples < 1 or positions < 1 or dist_prompts < 0:
+        raise ConfigError("--samples and --positions must be >= 1, --dist-prompts >= 0")
+    if configs < 2:
+        raise ConfigError("nothing to audit: give at least one speculative configuration (--draft / --spec)")
+    if sampling.greedy and dist_prompts:
+        raise ConfigError(
+            "the distribution test needs sampling: pass --temperature > 0 (or --dist-prompts 0 for the greedy check "
+            "only)"
+        )
 
 
 def audit_endpoints(

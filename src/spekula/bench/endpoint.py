@@ -124,17 +124,10 @@ async def _run(
     progress: bool,
     first_repeat: int,
 ) -> tuple[list[RequestResult], float, str]:
-    with needs_extra("bench", "measuring an endpoint"):
-        from openai import AsyncOpenAI
-        from tqdm import tqdm
-
-    client = AsyncOpenAI(
-        base_url=normalise_url(endpoint.url),
-        api_key=endpoint.api_key or "none",
-        timeout=load.request_timeout_s,
-        max_retries=0,
-    )
+    client = _client(endpoint, load)
     try:
+        with needs_extra("bench", "measuring an endpoint"):
+            from tqdm import tqdm
         model = endpoint.model or await discover_model(client, endpoint.url)
         total = load.requests or len(items)
         semaphore = asyncio.Semaphore(load.concurrency)
@@ -165,15 +158,7 @@ async def _run(
                         timeout=load.request_timeout_s,
                     )
                 except Exception as e:  # one failed request is a result, not the end of the run
-                    r = RequestResult(
-                        item.id,
-                        item.category,
-                        endpoint.name,
-                        RequestStats(finish_reason="error"),
-                        "",
-                        None,
-                        error=f"{type(e).__name__}: {e}"[:300],
-                    )
+                    r = _failed(item, endpoint.name, e)
                 r.config, r.repeat, r.order = endpoint.name, repeat, first_repeat * len(items) + i
                 results[i] = r
                 bar.update(1)
@@ -184,6 +169,25 @@ async def _run(
     finally:
         await client.close()
     return [r for r in results if r is not None], wall, model
+
+
+def _client(endpoint: Endpoint, load: Load) -> Any:
+    """An OpenAI client for the endpoint that never retries: a failed request is a result."""
+    with needs_extra("bench", "measuring an endpoint"):
+        from openai import AsyncOpenAI
+
+    return AsyncOpenAI(
+        base_url=normalise_url(endpoint.url),
+        api_key=endpoint.api_key or "none",
+        timeout=load.request_timeout_s,
+        max_retries=0,
+    )
+
+
+def _failed(item: WorkItem, config: str, e: Exception) -> RequestResult:
+    """A request that raised, as a result: an error, counted as one."""
+    error = f"{type(e).__name__}: {e}"[:300]
+    return RequestResult(item.id, item.category, config, RequestStats(finish_reason="error"), "", None, error=error)
 
 
 async def discover_model(client: Any, url: str) -> str:
@@ -210,20 +214,7 @@ async def _request(
     chat: bool,
     extra_body: dict[str, Any] | None = None,
 ) -> RequestResult:
-    kwargs: dict[str, Any] = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if not sampling.greedy:
-        kwargs["seed"] = sampling.seed
-    # The endpoint's own fields first: top-k and min-p given on the command line win over them.
-    extra = {**(extra_body or {}), **{k: v for k, v in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if v}}
-    if extra:
-        kwargs["extra_body"] = extra
+    kwargs = _request_fields(model, sampling, max_tokens, extra_body)
     use_chat = item.messages is not None or chat
     t0 = time.perf_counter()
     # The raw event stream rather than the client's parsed one: only the raw stream shows whether [DONE] came.
@@ -259,17 +250,7 @@ async def _request(
                 finish = choice.get("finish_reason") or finish
     total = time.perf_counter() - t0
     text = "".join(pieces)
-    if finish is None or not done:
-        missing = " and ".join(x for x, ok in (("a finish_reason", finish is not None), ("[DONE]", done)) if not ok)
-        raise IncompleteResponse(
-            f"the stream ended without {missing} after {len(pieces)} text chunk(s): the server cut it short "
-            "(llama_cpp.server does so when another request arrives, unless it runs with --interrupt_requests False)"
-        )
-    if not text:
-        raise IncompleteResponse(
-            f"an empty completion (finish_reason {finish!r}) where up to {max_tokens} tokens were asked for: "
-            "nothing to time or compare"
-        )
+    _check_whole(text, len(pieces), finish, done, max_tokens)
     counted = usage.get("completion_tokens") if isinstance(usage, dict) else None
     stats = RequestStats(
         prompt_tokens=int(usage.get("prompt_tokens") or 0) if isinstance(usage, dict) else 0,
@@ -280,6 +261,42 @@ async def _request(
     )
     source = "usage" if counted is not None else "chunks"
     return RequestResult(item.id, item.category, "", stats, text, None, token_count_source=source)
+
+
+def _request_fields(
+    model: str, sampling: SamplingParams, max_tokens: int, extra_body: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The streamed request's fields (the prompt or messages aside), usage asked for in the stream."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if not sampling.greedy:
+        kwargs["seed"] = sampling.seed
+    # The endpoint's own fields first: top-k and min-p given on the command line win over them.
+    extra = {**(extra_body or {}), **{k: v for k, v in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if v}}
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def _check_whole(text: str, chunks: int, finish: str | None, done: bool, max_tokens: int) -> None:
+    """Refuse an answer that is not whole: a stream cut short (no finish_reason or no [DONE]), or an empty text."""
+    if finish is None or not done:
+        missing = " and ".join(x for x, ok in (("a finish_reason", finish is not None), ("[DONE]", done)) if not ok)
+        raise IncompleteResponse(
+            f"the stream ended without {missing} after {chunks} text chunk(s): the server cut it short "
+            "(llama_cpp.server does so when another request arrives, unless it runs with --interrupt_requests False)"
+        )
+    if not text:
+        raise IncompleteResponse(
+            f"an empty completion (finish_reason {finish!r}) where up to {max_tokens} tokens were asked for: "
+            "nothing to time or compare"
+        )
 
 
 def borrow_token_counts(results: list[RequestResult]) -> int:

@@ -40,8 +40,22 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
     top heading (3 when it goes under a section of a larger document)."""
     h1, h2 = "#" * level, "#" * (level + 1)
     configs = [c["name"] for c in result["configs"]]
+    spec = [c for c in configs if c != result["baseline"]]
+    lines = _overall(result, configs, h1)
+    lines += _failures(result)
+    lines += _loop_notes(result)
+    lines += ["", memory_note(result)]
+    if spec:
+        lines += _per_category(result, spec, h2)
+        lines += _by_position(result["summary"], spec, h2)
+    for name, path in (images or {}).items():
+        lines += ["", f"![{PLOT_TITLES.get(name, name)}]({path})"]
+    return "\n".join(lines) + "\n"
+
+
+def _overall(result: dict[str, Any], configs: list[str], h1: str) -> list[str]:
+    """The heading, what was run, and one row per configuration over the whole workload."""
     baseline = result["baseline"]
-    spec = [c for c in configs if c != baseline]
     s = result["summary"]
     w = result["workload"]
     samp = result["sampling"]
@@ -75,42 +89,45 @@ def markdown(result: dict[str, Any], images: dict[str, str] | None = None, level
             f"{_wasted(o)} | {_steps(o)} | {_identical(o)} | {_f(o['cpu_s_per_1k_tokens'])} | "
             f"{_mib(o['peak_rss_bytes'])} |"
         )
-    lines += _failures(result)
-    lines += _loop_notes(result)
-    lines += ["", memory_note(result)]
-    if spec:
-        cats = w["categories"]
-        lines += [
-            "",
-            f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α; "
-            f"{memory_state(result)})",
-            "",
-            "| category | " + " | ".join(spec) + " |",
-            "|---|" + "---|" * len(spec),
-        ]
-        for cat in cats:
-            cells = []
-            for name in spec:
-                c = s[name]["categories"].get(cat)
-                cells.append("n/a" if c is None else f"{_f(c['speedup']['median'])}x{_decode(c)} (α {_f(c['alpha'])})")
-            lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-        depth = max((len(s[n]["overall"]["acceptance_by_position"]) for n in spec), default=0)
-        if depth:
-            lines += [
-                "",
-                f"{h2} Acceptance by draft position",
-                "",
-                "| configuration | " + " | ".join(str(i + 1) for i in range(depth)) + " |",
-                "|---|" + "---|" * depth,
-            ]
-            for name in spec:
-                acc = s[name]["overall"]["acceptance_by_position"]
-                lines.append(
-                    f"| {name} | " + " | ".join(_f(acc[i]) if i < len(acc) else "" for i in range(depth)) + " |"
-                )
-    for name, path in (images or {}).items():
-        lines += ["", f"![{PLOT_TITLES.get(name, name)}]({path})"]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _per_category(result: dict[str, Any], spec: list[str], h2: str) -> list[str]:
+    """Each speculative configuration's median speedup and α in each category."""
+    s = result["summary"]
+    lines = [
+        "",
+        f"{h2} Speedup per category (median per-prompt speedup, whole requests and decode only; α; "
+        f"{memory_state(result)})",
+        "",
+        "| category | " + " | ".join(spec) + " |",
+        "|---|" + "---|" * len(spec),
+    ]
+    for cat in result["workload"]["categories"]:
+        cells = []
+        for name in spec:
+            c = s[name]["categories"].get(cat)
+            cells.append("n/a" if c is None else f"{_f(c['speedup']['median'])}x{_decode(c)} (α {_f(c['alpha'])})")
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _by_position(s: dict[str, Any], spec: list[str], h2: str) -> list[str]:
+    """Each speculative configuration's acceptance rate by draft position (nothing when none drafted)."""
+    depth = max((len(s[n]["overall"]["acceptance_by_position"]) for n in spec), default=0)
+    if not depth:
+        return []
+    lines = [
+        "",
+        f"{h2} Acceptance by draft position",
+        "",
+        "| configuration | " + " | ".join(str(i + 1) for i in range(depth)) + " |",
+        "|---|" + "---|" * depth,
+    ]
+    for name in spec:
+        acc = s[name]["overall"]["acceptance_by_position"]
+        lines.append(f"| {name} | " + " | ".join(_f(acc[i]) if i < len(acc) else "" for i in range(depth)) + " |")
+    return lines
 
 
 def memory_state(result: dict[str, Any]) -> str:
@@ -236,76 +253,99 @@ def plots(result: dict[str, Any]) -> dict[str, bytes]:
     if not spec:
         return out
     cats = result["workload"]["categories"]
+    drawn = {
+        "speedup_per_category": _speedup_per_category(plt, s, spec, cats),
+        "acceptance_by_position": _acceptance_by_position(plt, s, spec),
+        "tau_distribution": _tau_distribution(plt, s, spec),
+        "speedup_vs_k": _speedup_vs_k(plt, s, spec),
+    }
+    out.update((name, png) for name, png in drawn.items() if png is not None)
+    return out
 
-    if any(s[c["name"]]["overall"]["speedup"]["n"] for c in spec):
-        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cats) + 2), 4))
-        width = 0.8 / len(spec)
-        for j, c in enumerate(spec):
-            med, lo, hi = [], [], []
-            for cat in cats:
-                sp = s[c["name"]]["categories"].get(cat, {}).get("speedup", {})
-                m = sp.get("median")
-                med.append(m or 0.0)
-                lo.append((m - sp["p10"]) if m else 0.0)
-                hi.append((sp["p90"] - m) if m else 0.0)
-            xs = [i + (j - (len(spec) - 1) / 2) * width for i in range(len(cats))]
-            ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=c["name"])
-        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right")
-        ax.set_ylabel("speedup (x)")
-        ax.legend(fontsize=8)
-        out["speedup_per_category"] = _png(fig, PLOT_TITLES["speedup_per_category"])
 
+def _speedup_per_category(plt: Any, s: dict[str, Any], spec: list[dict[str, Any]], cats: list[str]) -> bytes | None:
+    """Bars: each configuration's median speedup per category, p10-p90 whiskers (None: no speedups)."""
+    if not any(s[c["name"]]["overall"]["speedup"]["n"] for c in spec):
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cats) + 2), 4))
+    width = 0.8 / len(spec)
+    for j, c in enumerate(spec):
+        med, lo, hi = [], [], []
+        for cat in cats:
+            sp = s[c["name"]]["categories"].get(cat, {}).get("speedup", {})
+            m = sp.get("median")
+            med.append(m or 0.0)
+            lo.append((m - sp["p10"]) if m else 0.0)
+            hi.append((sp["p90"] - m) if m else 0.0)
+        xs = [i + (j - (len(spec) - 1) / 2) * width for i in range(len(cats))]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=c["name"])
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right")
+    ax.set_ylabel("speedup (x)")
+    ax.legend(fontsize=8)
+    return _png(fig, PLOT_TITLES["speedup_per_category"])
+
+
+def _acceptance_by_position(plt: Any, s: dict[str, Any], spec: list[dict[str, Any]]) -> bytes | None:
+    """Lines: each configuration's acceptance rate at each draft position (None: nothing drafted)."""
     acc = {c["name"]: s[c["name"]]["overall"]["acceptance_by_position"] for c in spec}
-    if any(acc.values()):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, values in acc.items():
-            if values:
-                ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("accepted / drafted at that position")
-        ax.set_ylim(0, 1.05)
-        ax.legend(fontsize=8)
-        out["acceptance_by_position"] = _png(fig, PLOT_TITLES["acceptance_by_position"])
+    if not any(acc.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in acc.items():
+        if values:
+            ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafted at that position")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    return _png(fig, PLOT_TITLES["acceptance_by_position"])
 
+
+def _tau_distribution(plt: Any, s: dict[str, Any], spec: list[dict[str, Any]]) -> bytes | None:
+    """Boxes: each configuration's τ per request, every request a dot (None: no τ)."""
     taus = {c["name"]: s[c["name"]]["overall"]["tau_per_request"] for c in spec}
-    if any(taus.values()):
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(taus) + 2), 4))
-        names = [n for n, v in taus.items() if v]
-        ax.boxplot([taus[n] for n in names], showmeans=True)
-        for i, n in enumerate(names, 1):
-            ax.scatter([i] * len(taus[n]), taus[n], s=8, alpha=0.5, color="grey")
-        ax.set_xticks(range(1, len(names) + 1), names, rotation=15, ha="right")
-        ax.set_ylabel("tau per request")
-        out["tau_distribution"] = _png(fig, PLOT_TITLES["tau_distribution"])
+    if not any(taus.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(taus) + 2), 4))
+    names = [n for n, v in taus.items() if v]
+    ax.boxplot([taus[n] for n in names], showmeans=True)
+    for i, n in enumerate(names, 1):
+        ax.scatter([i] * len(taus[n]), taus[n], s=8, alpha=0.5, color="grey")
+    ax.set_xticks(range(1, len(names) + 1), names, rotation=15, ha="right")
+    ax.set_ylabel("tau per request")
+    return _png(fig, PLOT_TITLES["tau_distribution"])
 
+
+def _speedup_vs_k(plt: Any, s: dict[str, Any], spec: list[dict[str, Any]]) -> bytes | None:
+    """One line per proposer: median speedup against a fixed k, p10-p90 whiskers (None: no fixed k measured)."""
     by_proposer: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for c in spec:
         if isinstance(c.get("k"), int) and s[c["name"]]["overall"]["speedup"]["n"]:  # k = auto has no place on the axis
             by_proposer.setdefault(c.get("draft", c["name"]), []).append((c["k"], s[c["name"]]["overall"]["speedup"]))
-    if by_proposer:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for proposer, points in by_proposer.items():
-            points.sort(key=lambda p: p[0])
-            ks = [k for k, _ in points]
-            med = [sp["median"] for _, sp in points]
-            ax.errorbar(
-                ks,
-                med,
-                yerr=[
-                    [m - sp["p10"] for m, (_, sp) in zip(med, points, strict=True)],
-                    [sp["p90"] - m for m, (_, sp) in zip(med, points, strict=True)],
-                ],
-                marker="o",
-                capsize=3,
-                label=proposer,
-            )
-        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xlabel("k (tokens drafted per step)")
-        ax.set_ylabel("speedup (x)")
-        ax.legend(fontsize=8)
-        out["speedup_vs_k"] = _png(fig, PLOT_TITLES["speedup_vs_k"])
-    return out
+    if not by_proposer:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for proposer, points in by_proposer.items():
+        points.sort(key=lambda p: p[0])
+        ks = [k for k, _ in points]
+        med = [sp["median"] for _, sp in points]
+        ax.errorbar(
+            ks,
+            med,
+            yerr=[
+                [m - sp["p10"] for m, (_, sp) in zip(med, points, strict=True)],
+                [sp["p90"] - m for m, (_, sp) in zip(med, points, strict=True)],
+            ],
+            marker="o",
+            capsize=3,
+            label=proposer,
+        )
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("k (tokens drafted per step)")
+    ax.set_ylabel("speedup (x)")
+    ax.legend(fontsize=8)
+    return _png(fig, PLOT_TITLES["speedup_vs_k"])
 
 
 def _png(fig: Any, title: str) -> bytes:

@@ -195,30 +195,8 @@ def parse_spec(
 
     Keys not given take the command's --draft / --k / --k-max / --ngram-max / --ngram-min, and
     --draft-confidence for a draft model; without backend= the target runs on the run's runtime."""
-    fields: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, value = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or key not in SPEC_KEYS or not value.strip():
-            raise ConfigError(
-                f"bad --spec {text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)} (e.g. "
-                "draft=ngram,k=4/8)"
-            )
-        if key in fields:
-            raise ConfigError(f"bad --spec {text!r}: {key} given twice")
-        fields[key] = value.strip()
-    loop = fields.get("loop", SPEKULA_LOOP)
-    if loop != SPEKULA_LOOP:
-        shaping = (*CHOICE_KNOBS, "shadow", "exact")
-        drafting = [key for key in shaping if key in fields]
-        if drafting:
-            raise ConfigError(
-                f"bad --spec {text!r}: loop={loop} decodes plainly with llama-cpp-python's settings; "
-                f"{', '.join(drafting)} shape(s) spekula's drafts or runtime. Drop them"
-            )
-        if fields.setdefault("draft", NONE) != NONE:
-            raise ConfigError(f"bad --spec {text!r}: loop={loop} is {loop}'s own plain decoding: it takes draft=none")
-        fields.setdefault("k", "0")
+    fields = _spec_fields(text)
+    loop = _spec_loop(text, fields)
     draft = fields.get("draft", default_draft)
     ks = fields.get("k", "auto" if default_k is None else str(default_k))
     k_values = [parse_k(v) for v in ks.split("/")]
@@ -248,6 +226,41 @@ def parse_spec(
         choice = replace(choice, shadow=shadow, exact=exact)
         choices.append(replace(choice, loop=loop) if loop != SPEKULA_LOOP else choice)
     return choices
+
+
+def _spec_fields(text: str) -> dict[str, str]:
+    """A --spec's KEY=VALUE pairs (keys spelt with - or _), each key known and given once."""
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in SPEC_KEYS or not value.strip():
+            raise ConfigError(
+                f"bad --spec {text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)} (e.g. "
+                "draft=ngram,k=4/8)"
+            )
+        if key in fields:
+            raise ConfigError(f"bad --spec {text!r}: {key} given twice")
+        fields[key] = value.strip()
+    return fields
+
+
+def _spec_loop(text: str, fields: dict[str, str]) -> str:
+    """The spec's decoding loop. Another program's loop decodes plainly: no key that shapes a draft or the runtime,
+    and draft=none, k=0 filled into `fields` where not given."""
+    loop = fields.get("loop", SPEKULA_LOOP)
+    if loop != SPEKULA_LOOP:
+        shaping = (*CHOICE_KNOBS, "shadow", "exact")
+        drafting = [key for key in shaping if key in fields]
+        if drafting:
+            raise ConfigError(
+                f"bad --spec {text!r}: loop={loop} decodes plainly with llama-cpp-python's settings; "
+                f"{', '.join(drafting)} shape(s) spekula's drafts or runtime. Drop them"
+            )
+        if fields.setdefault("draft", NONE) != NONE:
+            raise ConfigError(f"bad --spec {text!r}: loop={loop} is {loop}'s own plain decoding: it takes draft=none")
+        fields.setdefault("k", "0")
+    return loop
 
 
 def _knob_value(text: str, key: str, value: str) -> Any:
@@ -318,33 +331,8 @@ def build_contenders(
     loop=llama-cpp-python decodes the GGUF of the target on llama.cpp (the run's own target, or
     load_runtime's) through llama-cpp-python's loop, with that backend's settings. prompt_cache False
     (`--no-prompt-cache`): every contender prefills every prompt whole, llama-cpp-python's loop too."""
-
-    def runtime_of(choice: SpecChoice) -> tuple[Backend, Callable[[str], Backend] | None]:
-        if choice.backend is None and choice.exact is None:
-            return target, load_draft
-        if load_runtime is None:
-            keys = [f"backend={choice.backend}"] * (choice.backend is not None)
-            keys += [f"exact={'on' if choice.exact else 'off'}"] * (choice.exact is not None)
-            raise ConfigError(f"--spec {','.join(keys)} needs a runner that can load the target again")
-        return load_runtime(choice.backend, choice.exact)
-
-    def plain(choice: SpecChoice) -> Contender:
-        on = runtime_of(choice)[0]
-        return Contender(choice, Pipeline(on, codec, None, choice.spec_config(prompt_cache), draft_name=NONE))
-
-    def reference(choice: SpecChoice) -> ReferenceContender:
-        from spekula.backends import LLAMACPP
-        from spekula.backends.llamacpp import LlamaCppBackend
-        from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
-
-        gguf = target if isinstance(target, LlamaCppBackend) else runtime_of(replace(choice, backend=LLAMACPP))[0]
-        gguf = cast(LlamaCppBackend, gguf)  # what backend=llamacpp loads
-        # llama-cpp-python's loop makes its own context with its own settings (exact mode does not reach it) over
-        # the weights that backend loaded (reference.shared_weights: one copy, the same placement for every loop)
-        loop = LlamaCppPythonLoop(LlamaSettings.of(gguf), codec, prompt_cache, model=gguf.model)
-        return ReferenceContender(choice, loop)
-
-    out: list[Contender | ReferenceContender] = [plain(PLAIN_CHOICE)]
+    build = _ContenderBuilder(target, codec, load_draft, load_runtime, prompt_cache)
+    out: list[Contender | ReferenceContender] = [build.plain(PLAIN_CHOICE)]
     for choice in choices:
         if choice.plain and choice.name == PLAIN:
             continue  # the baseline, already there
@@ -353,19 +341,60 @@ def build_contenders(
                 f"configuration {choice.name!r} is given twice; give each --spec a different draft, k or name="
             )
         if choice.loop == LLAMA_CPP_PYTHON:
-            out.append(reference(choice))
-            continue
-        if choice.plain:
-            out.append(plain(choice))
-            continue
-        spec = choice.spec_config(prompt_cache)
-        on, drafts = runtime_of(choice)
+            out.append(build.reference(choice))
+        elif choice.plain:
+            out.append(build.plain(choice))
+        else:
+            out.append(build.speculative(choice))
+    return out
+
+
+@dataclass
+class _ContenderBuilder:
+    """build_contenders' three kinds of contender, over the run's target or a runtime load_runtime loads."""
+
+    target: Backend
+    codec: Any
+    load_draft: Callable[[str], Backend] | None
+    load_runtime: RuntimeLoader | None
+    prompt_cache: bool
+
+    def runtime_of(self, choice: SpecChoice) -> tuple[Backend, Callable[[str], Backend] | None]:
+        """The target the choice runs on, and the draft loader for a target loaded so."""
+        if choice.backend is None and choice.exact is None:
+            return self.target, self.load_draft
+        if self.load_runtime is None:
+            keys = [f"backend={choice.backend}"] * (choice.backend is not None)
+            keys += [f"exact={'on' if choice.exact else 'off'}"] * (choice.exact is not None)
+            raise ConfigError(f"--spec {','.join(keys)} needs a runner that can load the target again")
+        return self.load_runtime(choice.backend, choice.exact)
+
+    def plain(self, choice: SpecChoice) -> Contender:
+        on = self.runtime_of(choice)[0]
+        spec = choice.spec_config(self.prompt_cache)
+        return Contender(choice, Pipeline(on, self.codec, None, spec, draft_name=NONE))
+
+    def reference(self, choice: SpecChoice) -> ReferenceContender:
+        from spekula.backends import LLAMACPP
+        from spekula.backends.llamacpp import LlamaCppBackend
+        from spekula.bench.reference import LlamaCppPythonLoop, LlamaSettings
+
+        target = self.target
+        gguf = target if isinstance(target, LlamaCppBackend) else self.runtime_of(replace(choice, backend=LLAMACPP))[0]
+        gguf = cast(LlamaCppBackend, gguf)  # what backend=llamacpp loads
+        # llama-cpp-python's loop makes its own context with its own settings (exact mode does not reach it) over
+        # the weights that backend loaded (reference.shared_weights: one copy, the same placement for every loop)
+        loop = LlamaCppPythonLoop(LlamaSettings.of(gguf), self.codec, self.prompt_cache, model=gguf.model)
+        return ReferenceContender(choice, loop)
+
+    def speculative(self, choice: SpecChoice) -> Contender:
+        spec = choice.spec_config(self.prompt_cache)
+        on, drafts = self.runtime_of(choice)
         proposer = build_proposer(choice.draft, spec, target=on, load_draft=drafts)
-        pipe = Pipeline(on, codec, proposer, spec, draft_name=choice.draft)
+        pipe = Pipeline(on, self.codec, proposer, spec, draft_name=choice.draft)
         if spec.k is None:
             pipe.engine.calibrate()  # as Pipeline.load does: no measured request pays for it
-        out.append(Contender(choice, pipe))
-    return out
+        return Contender(choice, pipe)
 
 
 class DraftLoader:

@@ -25,7 +25,16 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 class ServerMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        self._declare_requests(self.registry)
+        self._declare_speculation(self.registry)
+        for endpoint in ENDPOINTS:  # present from the start, so rates have a zero to start from
+            self.http_requests.labels(endpoint, "200")
+        for reason in FINISH_REASONS:
+            self.requests_finished.labels(reason)
+
+    def _declare_requests(self, r: CollectorRegistry) -> None:
+        """HTTP requests, generation requests, their tokens and latencies, the queue and the batches."""
         self.http_requests = Counter(
             P + "http_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r
         )
@@ -66,6 +75,9 @@ class ServerMetrics:
         )
         self.waiting = Gauge(P + "num_requests_waiting", "Requests in the queue", registry=r)
         self.running = Gauge(P + "num_requests_running", "Requests being stepped", registry=r)
+
+    def _declare_speculation(self, r: CollectorRegistry) -> None:
+        """The spec_decode_* counters, in vLLM's names: drafts, drafted and accepted tokens (by position), passes."""
         self.drafts = Counter(
             P + "spec_decode_num_drafts", "Target passes that verified at least one drafted token", registry=r
         )
@@ -91,10 +103,6 @@ class ServerMetrics:
         self.steps_by_k = Counter(
             P + "spec_decode_steps", "Steps by the draft length k the controller chose (0 = plain)", ["k"], registry=r
         )
-        for endpoint in ENDPOINTS:  # present from the start, so rates have a zero to start from
-            self.http_requests.labels(endpoint, "200")
-        for reason in FINISH_REASONS:
-            self.requests_finished.labels(reason)
 
     def track_queue(self, waiting: Callable[[], int], running: Callable[[], int]) -> None:
         self.waiting.set_function(waiting)

@@ -463,8 +463,7 @@ class Scheduler:
         chunks: list[tuple[Job, PrefillChunk]] = []
         unfinishing = False
         for job in live:
-            generation = job.generation
-            left = generation.prefill_left
+            left = job.generation.prefill_left
             if self._borrows and any(self._awaits(job, ahead) for ahead, _ in chunks):
                 continue  # next round it borrows what the one ahead prefills now
             if budget is not None and left > budget:  # this chunk leaves the prompt unfinished
@@ -474,18 +473,28 @@ class Scheduler:
                 if budget == 0 or ((decoding or chunks) and self._owed_s > 0):
                     continue  # waits for a later round; a prompt behind it that fits the budget need not
                 unfinishing = True
-            with self._guard([job], "request %s could not start its prefill", job.id) as chunking:
-                chunk = generation.prefill_chunk(budget or None)  # budget 0 here: nothing left to prefill
-            if chunking.failed:
+            chunk = self._chunk(job, budget)
+            if chunk is None:
                 continue
             if budget is not None:
                 budget -= len(chunk.tokens)
-            self._prefilled += len(chunk.tokens)
-            if len(chunk.tokens) == generation.prefill_left and len(chunk.tokens) <= PREFILL_BATCH_TOKENS:
-                generation.fold(chunk)  # the prompt's last chunk: the first step's pass runs it
             chunks.append((job, chunk))
         to_run = [(job, chunk) for job, chunk in chunks if not job.generation.ready]
         return to_run, (decoding or len(chunks) > 1) if unfinishing else None
+
+    def _chunk(self, job: Job, budget: int | None) -> PrefillChunk | None:
+        """job's next prefill chunk, at most `budget` tokens (None: all that are left), counted on the prefill
+        clock; a prompt's last chunk small enough to ride in a step's pass is folded into its first step. None
+        when asking for it failed (the request is finished)."""
+        generation = job.generation
+        with self._guard([job], "request %s could not start its prefill", job.id) as chunking:
+            chunk = generation.prefill_chunk(budget or None)  # budget 0 here: nothing left to prefill
+        if chunking.failed:
+            return None
+        self._prefilled += len(chunk.tokens)
+        if len(chunk.tokens) == generation.prefill_left and len(chunk.tokens) <= PREFILL_BATCH_TOKENS:
+            generation.fold(chunk)  # the prompt's last chunk: the first step's pass runs it
+        return chunk
 
     @staticmethod
     def _awaits(job: Job, ahead: Job) -> bool:

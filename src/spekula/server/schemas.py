@@ -210,27 +210,8 @@ def parse_request(
         raise APIError(400, f"the request body must be a JSON object, got {_json_type(body)}")
     _check_names(body, kind)
     body = {k: v for k, v in body.items() if v is not None}  # null means "use the default", as in OpenAI's API
-
-    model = body.get("model")
-    if model is None:
-        raise APIError(
-            400, "parameter 'model' is required; GET /v1/models lists the model this server runs", param="model"
-        )
-    if not isinstance(model, str) or not model:
-        raise APIError(400, f"'model' must be a non-empty string, got {_json_type(model)}", param="model")
-
-    prompt = messages = None
-    if kind == "completion":
-        if "prompt" not in body:
-            raise APIError(400, "parameter 'prompt' is required: a string (or a list of token ids)", param="prompt")
-        prompt = _prompt(body["prompt"])
-    else:
-        if "messages" not in body:
-            raise APIError(
-                400, 'parameter \'messages\' is required: a list of {"role", "content"} objects', param="messages"
-            )
-        messages = _messages(body["messages"])
-
+    model = _model(body)
+    prompt, messages = _input(body, kind)
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise APIError(
@@ -270,6 +251,30 @@ def parse_request(
 
 
 # -- fields ---------------------------------------------------------------------------------------
+
+
+def _model(body: dict) -> str:
+    model = body.get("model")
+    if model is None:
+        raise APIError(
+            400, "parameter 'model' is required; GET /v1/models lists the model this server runs", param="model"
+        )
+    if not isinstance(model, str) or not model:
+        raise APIError(400, f"'model' must be a non-empty string, got {_json_type(model)}", param="model")
+    return model
+
+
+def _input(body: dict, kind: Kind) -> tuple[str | list[int] | None, list[dict[str, str]] | None]:
+    """(prompt, messages): a completion's prompt, or a chat's messages (the other None)."""
+    if kind == "completion":
+        if "prompt" not in body:
+            raise APIError(400, "parameter 'prompt' is required: a string (or a list of token ids)", param="prompt")
+        return _prompt(body["prompt"]), None
+    if "messages" not in body:
+        raise APIError(
+            400, 'parameter \'messages\' is required: a list of {"role", "content"} objects', param="messages"
+        )
+    return None, _messages(body["messages"])
 
 
 def _check_names(body: dict, kind: Kind) -> None:
