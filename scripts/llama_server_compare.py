@@ -179,7 +179,7 @@ def ask(server: Server, item: WorkItem, max_tokens: int, salt: str = "") -> dict
         server.url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     start = time.perf_counter()
-    first, tokens, parts = None, None, []
+    first, tokens, parts, spec = None, None, [], None
     with urllib.request.urlopen(request, timeout=900) as r:
         for line in r:
             line = line.strip()
@@ -193,6 +193,7 @@ def ask(server: Server, item: WorkItem, max_tokens: int, salt: str = "") -> dict
                     parts.append(text)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+            spec = chunk.get("spec") or spec
     seconds = time.perf_counter() - start
     if tokens is None:
         raise SystemExit(f"{server.name} streamed no usage (stream_options.include_usage)")
@@ -205,7 +206,14 @@ def ask(server: Server, item: WorkItem, max_tokens: int, salt: str = "") -> dict
         "tokens_per_s": tokens / seconds,
         "decode_tokens_per_s": (tokens - 1) / decode if tokens > 1 and decode > 0 else None,
         "text": "".join(parts),
+        **({"drafting": drafting(spec)} if spec else {}),
     }
+
+
+def drafting(spec: dict) -> dict:
+    """What spekula serve's `spec` object says the request drafted (llama-server sends none): target passes,
+    drafts verified, tokens drafted and accepted, and steps by k, so a category's loss can be traced to its drafts."""
+    return {key: spec.get(key) for key in ("target_passes", "drafts", "drafted", "accepted", "k_chosen")}
 
 
 def recount(row: dict, count) -> dict:
@@ -281,6 +289,7 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             whole = statistics.median(ratios.values())
             summary[phase][label] = {"all": whole, **cells}
             lines.append(f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories) + " | |")
+        lines += drafting_lines(phase, [r for r in rows if r["phase"] == phase], categories)
         if not any(r.get("ttft_s") is not None for r in rows if r["phase"] == phase):
             continue  # requests not streamed: no time to the first token, no decode rate
         lines += [
@@ -297,6 +306,31 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             lines.append(f"| {name} | {cell} | {statistics.median(ttft):.3f} |" if ttft else f"| {name} | {cell} | - |")
             summary[phase][name]["decode"] = statistics.median(decode) if decode else None
     return "\n".join(lines) + "\n", summary
+
+
+def drafting_lines(phase: str, rows: list[dict], categories: list[str]) -> list[str]:
+    """Per spekula contender that drafted and category: the share of its target passes that verified a draft,
+    and the share of drafted tokens accepted (from each answer's `spec`; absent in runs before it was kept)."""
+    names = sorted({r["server"] for r in rows if (r.get("drafting") or {}).get("drafts")})
+    if not names:
+        return []
+    lines = [
+        "",
+        f"{phase}: spekula's drafting, per category: passes that verified a draft, drafted tokens accepted",
+        "",
+    ]
+    lines += ["| contender | " + " | ".join(categories) + " |", "|---" * (len(categories) + 1) + "|"]
+    for name in names:
+        cells = []
+        for category in categories:
+            mine = [
+                r["drafting"] for r in rows if r["server"] == name and r["category"] == category and r.get("drafting")
+            ]
+            passes, drafts = sum(d["target_passes"] for d in mine), sum(d["drafts"] for d in mine)
+            drafted, accepted = sum(d["drafted"] for d in mine), sum(d["accepted"] for d in mine)
+            cells.append(f"{drafts}/{passes}, {accepted / drafted:.2f}" if drafted else f"0/{passes}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _derived(contenders: list[str]) -> list[tuple[str, list[str]]]:

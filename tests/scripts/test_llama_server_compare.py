@@ -106,6 +106,48 @@ def test_the_table_gives_spekula_over_the_faster_n_gram_mode_and_over_its_own_pl
     assert set(without["cold"]) == {"llama-server", "spekula"}  # nothing to divide by: no derived rows
 
 
+def test_the_table_shows_per_category_how_much_spekula_drafted_and_how_much_was_accepted(script):
+    def row(id_, category, server, drafting=None):
+        r = {"phase": "cold", "id": id_, "category": category, "server": server, "tokens_per_s": 10.0, "text": "t"}
+        return {**r, "drafting": drafting} if drafting else r
+
+    def spec(passes, drafts, drafted, accepted):
+        return {"target_passes": passes, "drafts": drafts, "drafted": drafted, "accepted": accepted, "k_chosen": {}}
+
+    rows = [row(i, c, "llama-server") for i, c in (("a", "chat"), ("b", "chat"), ("c", "code"))]
+    rows += [row(i, c, "spekula-plain", spec(90, 0, 0, 0)) for i, c in (("a", "chat"), ("b", "chat"), ("c", "code"))]
+    rows += [row("a", "chat", "spekula", spec(95, 2, 6, 0)), row("b", "chat", "spekula", spec(90, 2, 4, 1))]
+    rows += [row("c", "code", "spekula")]  # a run saved before answers kept their drafting
+    rows += [{**r, "phase": "warm"} for r in rows]
+    text, _ = script.table(rows, ["llama-server", "spekula-plain", "spekula"])
+    assert "cold: spekula's drafting" in text and "warm: spekula's drafting" in text
+    assert "| contender | chat | code |" in text
+    assert "| spekula | 4/185, 0.10 | 0/0 |" in text  # 4 of 185 passes verified a draft, 1 of 10 tokens accepted
+    assert "| spekula-plain |" not in text.split("warm: spekula's drafting")[-1]  # it never drafted: no row
+    plain, summary = script.table([r for r in rows if r["server"] != "spekula"], ["llama-server", "spekula-plain"])
+    assert "drafting" not in plain and summary["warm"]["spekula-plain"]["all"] == 1.0
+
+
+def test_a_streamed_answer_keeps_what_spekula_s_spec_object_says_it_drafted(script):
+    spec = {
+        "proposer": "suffix",
+        "k": "auto",
+        "drafts": 3,
+        "drafted": 9,
+        "accepted": 7,
+        "target_passes": 40,
+        "k_chosen": {"0": 37, "3": 3},
+        "alpha": 0.78,
+    }
+    assert script.drafting(spec) == {
+        "target_passes": 40,
+        "drafts": 3,
+        "drafted": 9,
+        "accepted": 7,
+        "k_chosen": {"0": 37, "3": 3},
+    }
+
+
 def test_every_contender_s_tokens_are_counted_by_one_rule(script):
     """llama-server counts the end token it sampled in usage.completion_tokens, spekula does not: the same text in
     the same time must give the same rate."""
