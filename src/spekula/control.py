@@ -54,13 +54,22 @@ class Controller(ABC):
     reason: str | None = None  # why the last choice was made, for the step record (e.g. "speculate: k=7 ...")
 
     @abstractmethod
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: DraftClass | None = None) -> int:
+    def choose_k(
+        self,
+        remaining: int | None = None,
+        catch_up: int = 0,
+        draft_class: DraftClass | None = None,
+        longest: int | None = None,
+    ) -> int:
         """k for the next step. remaining: tokens the request may still emit (None: unknown);
         catch_up: context tokens the draft must process before its first draft (a cold draft cache);
         draft_class: what the proposer knows of its next draft (Proposer.draft_class; NO_DRAFT: it
-        has none to offer, so k = 0)."""
+        has none to offer, so k = 0); longest: the most tokens that draft can hold (Proposer.draft_length;
+        None: as many as asked)."""
 
-    def outlook(self, draft_class: DraftClass | None = None) -> tuple[list[float], int] | None:
+    def outlook(
+        self, draft_class: DraftClass | None = None, longest: int | None = None
+    ) -> tuple[list[float], int] | None:
         """For a batching scheduler choosing this request's k (CostModel.best_ks): the expected
         acceptance of its next draft by position, and the longest draft it may make; None: nothing
         to weigh (no draft to offer, or a controller with a fixed k: the scheduler leaves it be)."""
@@ -95,7 +104,13 @@ class Controller(ABC):
 class FixedK(Controller):
     k: int
 
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: DraftClass | None = None) -> int:
+    def choose_k(
+        self,
+        remaining: int | None = None,
+        catch_up: int = 0,
+        draft_class: DraftClass | None = None,
+        longest: int | None = None,
+    ) -> int:
         if draft_class == NO_DRAFT:
             self.reason = NO_DRAFT_REASON
             return 0
@@ -173,27 +188,34 @@ class AdaptiveK(Controller):
     # Whether this request has verified a draft yet (shadow drafts teach it, but leave it a new request).
     _verified: bool = field(default=False, init=False, repr=False)
 
-    def choose_k(self, remaining: int | None = None, catch_up: int = 0, draft_class: DraftClass | None = None) -> int:
+    def choose_k(
+        self,
+        remaining: int | None = None,
+        catch_up: int = 0,
+        draft_class: DraftClass | None = None,
+        longest: int | None = None,
+    ) -> int:
         self._probing = False
-        if draft_class == NO_DRAFT:  # nothing to draft: not a decision, and not a plain step towards a probe
+        if draft_class == NO_DRAFT or longest == 0:  # nothing to draft: not a decision, nor a step towards a probe
             self.predicted_speedup = 1.0
             self.reason = NO_DRAFT_REASON
             return 0
         alpha = self.acceptance(draft_class)
-        k, speedup = self._how_far(alpha, draft_class)
+        limit = self._limit(draft_class, longest)
+        k, speedup = self.costs.best_k(alpha, limit)
         if self._should_speculate(alpha, k, remaining, catch_up):
             self.predicted_speedup = speedup
             self._restart_probe_clock()
             self.reason = f"speculate: k={k} predicted {speedup:.2f}x"
-            if k == self.cap(draft_class) < self.costs.best_k(alpha, self.k_max)[0]:
-                self.reason += f", slow start cap {k}"
+            if k == limit < self.costs.best_k(alpha, self.k_max)[0]:
+                self.reason += f", slow start cap {k}" if limit == self.cap(draft_class) else f", a draft of {k}"
             return k
         self.predicted_speedup = 1.0
         if self._probe_due(remaining, catch_up, draft_class):
             self._probing = self._probed = True
             self.reason = f"probe: k=1, expected acceptance {alpha[0]:.2f}"
             return 1
-        self.reason = self._plain_reason(alpha, k, self.cap(draft_class))
+        self.reason = self._plain_reason(alpha, k, limit)
         return 0
 
     def _plain_reason(self, alpha: Sequence[float], k: int, cap: int) -> str:
@@ -203,9 +225,13 @@ class AdaptiveK(Controller):
         best, j = max(zip(speedups[1:], range(1, len(speedups)), strict=True))  # ties to the longer draft
         return f"plain: best k={j} predicts {best:.2f}x"
 
-    def _how_far(self, alpha: Sequence[float], draft_class: DraftClass | None = None) -> tuple[int, float]:
-        """(k, predicted speedup) fastest at this acceptance, up to the class's slow-start cap (k 0: plain wins)."""
-        return self.costs.best_k(alpha, self.cap(draft_class))
+    def _limit(self, draft_class: DraftClass | None, longest: int | None) -> int:
+        """The longest draft worth pricing: the class's slow-start cap, and no more tokens than the proposer has.
+        A lookup's continuation after a short match holds a token or two, and the pass that verifies it is
+        priced at its own width: pricing k tokens it cannot fill (a wider, cheaper-per-row pass) would bet
+        on a speedup the step does not get."""
+        cap = self.cap(draft_class)
+        return cap if longest is None else min(cap, longest)
 
     def _should_speculate(self, alpha: Sequence[float], k: int, remaining: int | None, catch_up: int) -> bool:
         """Draft k tokens only if k is above 0 and what it saves pays back a cold draft's catch-up."""
@@ -261,12 +287,14 @@ class AdaptiveK(Controller):
         saved_per_token = c.target_cost(1) - 1.0 / c.tokens_per_s(alpha, k)
         return remaining * saved_per_token > catch_up * c.draft_prefill_s_per_token
 
-    def outlook(self, draft_class: DraftClass | None = None) -> tuple[list[float], int] | None:
-        """Expected acceptance of a draft of this class (acceptance()), up to the slow-start cap;
-        None when the proposer has nothing to draft."""
-        if draft_class == NO_DRAFT:
+    def outlook(
+        self, draft_class: DraftClass | None = None, longest: int | None = None
+    ) -> tuple[list[float], int] | None:
+        """Expected acceptance of a draft of this class (acceptance()), up to the slow-start cap and the
+        draft's length; None when the proposer has nothing to draft."""
+        if draft_class == NO_DRAFT or longest == 0:
             return None
-        return self.acceptance(draft_class), self.cap(draft_class)
+        return self.acceptance(draft_class), self._limit(draft_class, longest)
 
     @property
     def alpha(self) -> float:

@@ -151,7 +151,8 @@ class Generation:
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
         self._prefill = Prefill(setup_s)  # where the prompt's prefill stands, and the request's clock
         self._step = 0
-        self._class_at: tuple[int, DraftClass | None] | None = None  # (committed length, its draft class): _draft_class
+        # (committed length, its draft class, the most tokens its draft can hold): _draft_class_and_length
+        self._class_at: tuple[int, DraftClass | None, int | None] | None = None
         self._shadow: ShadowDraft | None = None  # a free draft not verified, until emitted tokens settle it
         self._finished = False
         self._steps = self._run()
@@ -195,21 +196,23 @@ class Generation:
         make (the controller's cap, the tokens left); None when it has nothing to draft."""
         if self.finish_reason is not None or self.proposer is None or not self.ready:
             return None
-        outlook = self.controller.outlook(self._draft_class())
+        outlook = self.controller.outlook(*self._draft_class_and_length())
         if outlook is None:
             return None
         acceptance, k_cap = outlook
         return acceptance, min(k_cap, self._budget() - 1)
 
-    def _draft_class(self) -> DraftClass | None:
-        """The proposer's draft class for the committed tokens, asked once per step (outlook() and
-        plan() both need it in a batching server's round)."""
+    def _draft_class_and_length(self) -> tuple[DraftClass | None, int | None]:
+        """The proposer's draft class for the committed tokens and the most tokens its draft can hold
+        (Proposer.draft_length), asked once per step (outlook() and plan() both need them in a batching
+        server's round)."""
         if self.proposer is None:
-            return None
+            return None, None
         length = len(self._committed)
         if self._class_at is None or self._class_at[0] != length:
-            self._class_at = (length, self.proposer.draft_class(self._committed))
-        return self._class_at[1]
+            committed = self._committed
+            self._class_at = (length, self.proposer.draft_class(committed), self.proposer.draft_length(committed))
+        return self._class_at[1], self._class_at[2]
 
     def _budget(self) -> int:
         """Tokens this request may still emit: max_tokens, and room in the target's context."""
@@ -241,9 +244,9 @@ class Generation:
             return None
         proposer = self.proposer
         catch_up = proposer.catch_up(committed) if proposer is not None else 0
-        draft_class = self._draft_class()
+        draft_class, longest = self._draft_class_and_length()
         if k is None:
-            k = self.controller.choose_k(budget, catch_up, draft_class)
+            k = self.controller.choose_k(budget, catch_up, draft_class, longest)
             reason = self.controller.reason
         elif draft_class == NO_DRAFT:
             k, reason = 0, NO_DRAFT_REASON  # a batch's k, but this request has nothing to draft

@@ -10,7 +10,7 @@ from spekula.control import AdaptiveK, FixedK
 from spekula.cost import HALF_LIFE, CostModel, base_acceptance
 from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, DraftClass, ngram_class
 from spekula.engine import Engine
-from spekula.proposers import DraftModelFactory, NgramFactory
+from spekula.proposers import DraftModelFactory, NgramFactory, build_proposer
 from spekula.proposers.suffix import match_class
 from spekula.testing import random_table_backend
 from spekula.trace import JsonlTrace, ListTrace
@@ -325,15 +325,18 @@ def test_learnt_state_is_not_configuration():
         AdaptiveK(memory_bound(), _evidence={})
 
 
-def test_how_far_is_the_fastest_k_up_to_the_slow_start_cap():
+def test_how_far_is_the_fastest_k_up_to_the_slow_start_cap_and_the_draft_s_length():
     dear = CostModel(target_s={1: 0.60, 2: 1.15, 5: 1.84, 9: 2.21}, frozen=True)  # a wide pass is dear
+    dear.alpha = 1.0
     ctl = AdaptiveK(dear, k_max=8)
-    sure = [1.0] * 4
+    sure = ctl.acceptance()
     assert dear.best_k(sure, 8)[0] == 8
-    assert ctl._how_far(sure) == dear.best_k(sure, 3) and ctl._how_far(sure)[0] == 3  # a new request risks 3
+    assert ctl.choose_k() == 3 and ctl.predicted_speedup == dear.best_k(sure, 3)[1]  # a new request risks 3
+    assert (ctl._limit(None, None), ctl._limit(None, 2), ctl._limit(None, 9)) == (3, 2, 3)
     cheap = CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808}, draft_s_per_token=0.040, frozen=True)
+    cheap.alpha = 0.9
     ctl = AdaptiveK(cheap, k_max=8)
-    assert ctl.k_cap == 8 and ctl._how_far([0.9] * 4) == cheap.best_k([0.9] * 4, 8)
+    assert ctl.k_cap == 8 and ctl.choose_k() == cheap.best_k(ctl.acceptance(), 8)[0]
 
 
 def test_should_speculate_only_above_zero_and_when_a_cold_drafts_catch_up_pays_back():
@@ -577,3 +580,49 @@ def test_the_reason_says_when_slow_start_caps_k():
     dear.alpha = 1.0
     ctl = AdaptiveK(dear, k_max=8)
     assert ctl.choose_k() == 3 and ctl.reason.endswith("slow start cap 3")
+
+
+def test_a_draft_is_priced_at_the_width_its_proposer_can_fill():
+    """A lookup's continuation after a short match holds a token or two. With llama.cpp's 4-row kernel groups a
+    3-row pass can cost more than a 4-row one, so a draft priced at k = 3 may pay where the 2 tokens the proposer
+    actually has do not: the controller prices the draft it will get (Proposer.draft_length)."""
+    groups = CostModel(target_s={1: 0.057, 2: 0.092, 3: 0.114, 4: 0.108, 5: 0.136, 8: 0.194, 9: 0.206}, frozen=True)
+    rates = [0.55, 0.7, 0.7, 0.7]
+    groups.acceptance = {match_class(2): rates}
+    k, speedup = groups.best_k(rates, 3)
+    assert k == 3 and speedup > 1.0  # three drafted tokens at these rates would pay ...
+    assert groups.best_k(rates, 2)[0] == 0  # ... the two the proposer has would not
+    ctl = AdaptiveK(groups, k_max=8)
+    assert ctl.choose_k(100, 0, match_class(2)) == 3
+    assert ctl.choose_k(100, 0, match_class(2), longest=2) == 1 and ctl.reason.startswith("probe: k=1")  # a new request
+    assert ctl.choose_k(100, 0, match_class(2), longest=2) == 0 and ctl.reason.startswith("plain: best k=")
+    assert ctl.outlook(match_class(2), longest=2) == (ctl.acceptance(match_class(2)), 2)
+    assert ctl.choose_k(100, 0, match_class(2), longest=0) == 0 and ctl.reason == "no draft: no match"
+    assert ctl.outlook(match_class(2), longest=0) is None
+    # where the draft it has pays, that draft is chosen, and the reason says what bounded it
+    groups.acceptance = {match_class(2): [0.95] * 4}
+    fresh = AdaptiveK(groups, k_max=8)
+    assert fresh.choose_k(100, 0, match_class(2), longest=2) == 2
+    assert fresh.reason.endswith(", a draft of 2") and fresh.predicted_speedup == pytest.approx(
+        groups.best_k(fresh.acceptance(match_class(2)), 2)[1]
+    )
+    assert FixedK(4).choose_k(100, 0, match_class(2), longest=2) == 4  # a fixed k is the user's: the draft is cut
+
+
+def test_k_auto_never_asks_for_more_tokens_than_the_draft_holds():
+    """Through the engine: every k the controller chose is the draft's own length (the budget aside), so the
+    pass the prediction priced is the pass that ran. Short suffix matches (2-token drafts) included."""
+    target = random_table_backend(40, seed=3, order=1)
+    prompt = [5, 6, 1, 2, 7, 1, 2, 9, 1, 2, 3, 4, 5, 6, 7, 8] * 2
+    engine = Engine(target, build_proposer("suffix", SpecConfig(k=None), target=target), SpecConfig(k=None, k_max=8))
+    engine.costs = CostModel(target_s={1: 0.057, 2: 0.060, 3: 0.062, 4: 0.064, 5: 0.07, 9: 0.08}, frozen=True)
+    engine.costs.alpha = 0.95
+    trace = ListTrace()
+    plain = Engine(target).generate(prompt, SamplingParams(), StopConfig(max_tokens=48)).run()
+    g = engine.generate(prompt, SamplingParams(), StopConfig(max_tokens=48), trace).run()
+    assert g.token_ids == plain.token_ids
+    drafted = [r for r in trace.steps if r.k > 0]
+    assert len(drafted) >= 3 and any(len(r.drafted) < 8 for r in drafted)  # short drafts were on offer
+    for r in drafted:
+        budget = 48 - (r.position - len(prompt))
+        assert len(r.drafted) == r.k or r.k == budget - 1, (r.k, len(r.drafted), r.reason)

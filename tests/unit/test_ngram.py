@@ -46,3 +46,12 @@ def test_draft_class_is_the_matched_length():
     for end in range(1, len(context) + 1):
         has_draft = bool(NgramProposer(4, 1).propose(context[:end], 3, SamplingParams(), None).tokens)
         assert (p.draft_class(context[:end]) != NO_DRAFT) == has_draft
+
+
+def test_draft_length_is_what_a_draft_can_hold_before_drafting():
+    context = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 1, 4]
+    for end in range(1, len(context) + 1):
+        p = NgramProposer(3, 1)
+        longest = p.draft_length(context[:end])
+        assert longest == len(NgramProposer(3, 1).propose(context[:end], 99, SamplingParams(), None).tokens)
+        assert (longest == 0) == (p.draft_class(context[:end]) == NO_DRAFT)

@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 import torch
 
-from spekula.config import SamplingParams, SpecConfig, StopConfig, SuffixOptions
+from spekula.config import K_MAX, SamplingParams, SpecConfig, StopConfig, SuffixOptions
 from spekula.draft_class import AFTER_EDIT, NO_DRAFT, RECALLED, DraftClass
 from spekula.engine import Engine
 from spekula.errors import ConfigError
@@ -153,6 +153,23 @@ def test_draft_length_depends_on_the_match_length():
     long = [*prefix, 99, *prefix[:12]]
     assert propose(long, k=16) == prefix[12:] + [99] + prefix[:3]  # a 12-token match: up to 12 tokens
     assert propose(long, k=16, config=SuffixConfig(max_draft=5)) == prefix[12:17]
+
+
+def test_draft_length_is_what_a_draft_can_hold_before_drafting():
+    prefix = list(range(10, 30))
+    for context, config in (
+        ([*prefix, 99, *prefix[:2]], DEFAULTS),  # a 2-token match: 2 tokens
+        ([*prefix, 99, *prefix[:2]], SuffixConfig(spec_factor=2.0)),
+        ([*prefix, 99, *prefix[:12]], DEFAULTS),
+        ([*prefix, 99, *prefix[:12]], SuffixConfig(max_draft=5)),
+        ([1, 9, 1, 8, 1, 7, 1, 6, 1], SuffixConfig(min_token_prob=0.3)),  # no continuation probable enough
+        ([1, 2, 3, 4], DEFAULTS),  # no match
+    ):
+        proposer = SuffixProposer(config)
+        longest = proposer.draft_length(context)
+        assert longest == len(propose(context, k=K_MAX, config=config))
+        assert (longest == 0) == (proposer.draft_class(context) == NO_DRAFT)
+    assert SuffixProposer().draft_length([*prefix, 99, *prefix[:2]]) == 2
 
 
 def test_repeating_text_continues_past_the_end_of_the_context():

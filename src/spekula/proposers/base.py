@@ -55,6 +55,12 @@ class Proposer(ABC):
         matched length, "4-gram" ... "1-gram"; NO_DRAFT: nothing to offer). Default None: no such knowledge."""
         return None
 
+    def draft_length(self, context: list[int]) -> int | None:
+        """The most tokens the next draft can hold, known before drafting (a lookup's continuation is only so
+        long: the controller prices the pass that draft makes, not a wider one it cannot fill). Default None:
+        as many as asked."""
+        return None
+
     def catch_up(self, context: list[int]) -> int:
         """Tokens of `context` the proposer would have to process before it can draft (a draft model
         that has not seen the prompt yet). Default: none."""

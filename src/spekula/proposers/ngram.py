@@ -44,6 +44,10 @@ class NgramProposer(Proposer):
         match = self._match(context)
         return NO_DRAFT if match is None else ngram_class(match[0])
 
+    def draft_length(self, context: list[int]) -> int:
+        match = self._match(context)
+        return 0 if match is None else len(context) - match[1]
+
     def _match(self, context: list[int]) -> tuple[int, int] | None:
         """(n, start): the longest suffix of n tokens seen before, and where what followed it starts."""
         self._update_index(context)

@@ -375,6 +375,10 @@ class SuffixProposer(Proposer):
             return NO_DRAFT
         return match_class(match.length, AFTER_EDIT if match.resync else RECALLED if match.recalled else SUFFIX)
 
+    def draft_length(self, context: list[int]) -> int:
+        match = self.match(context)
+        return 0 if match is None else len(match.tokens)
+
     def close(self) -> None:
         """The request is over: its output (and prompt, with cache_prompts) joins the cache."""
         if self._closed:
