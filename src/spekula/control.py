@@ -3,7 +3,8 @@
 Before each step the controller answers three questions (AdaptiveK.choose_k):
 
 1. how far?      the k the cost model (spekula.cost) predicts is fastest at the acceptance this
-                 request's next draft is expected to get, capped while the request is new (slow start);
+                 request's next draft is expected to get, capped while the request is new (slow start)
+                 and by the tokens the proposer's draft holds (Proposer.draft_length);
 2. speculate?    only if that k is above 0 and the seconds it saves over the rest of the request
                  win back what a cold draft must first spend catching up on the context;
 3. probe?        otherwise decode plainly, and every few plain steps draft one token to see whether
