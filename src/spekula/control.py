@@ -230,7 +230,7 @@ class AdaptiveK(Controller):
         """The longest draft worth pricing: the class's slow-start cap, and no more tokens than the proposer has.
         A lookup's continuation after a short match holds a token or two, and the pass that verifies it is
         priced at its own width: pricing k tokens it cannot fill (a wider, cheaper-per-row pass) would bet
-        on a speedup the step does not get."""
+        on a speedup the step does not get (docs/decisions/0008-price-the-draft-the-proposer-holds.md)."""
         cap = self.cap(draft_class)
         return cap if longest is None else min(cap, longest)
 
