@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml requirements/base.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-$(LLAMA_STAMP): $(STAMP) requirements/llamacpp.txt
+$(LLAMA_STAMP): $(STAMP) requirements/llamacpp.txt $(wildcard patches/llamacpp/*.patch)
 	$(PY) -m spekula.llamacpp_build install
 	rm -f $(VENV)/.llamacpp-*
 	touch $@

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     widest = max(b for b, _ in args.shapes)
     llamacpp.SHARED_FLASH_ATTENTION = args.attention == "flash"
-    config = BackendConfig(runtime="llamacpp", threads=args.threads, parallel=max(widest, 2))
+    config = BackendConfig(runtime="llamacpp", threads=args.threads, parallel=max(widest, 2), exact=False)
     backend, _ = load_model(args.model, config)
     sequences = [backend.new_sequence() for _ in range(widest)]
     backend.forward_batch(sequences, [[TOKEN] * args.context] * widest, [1] * widest)

@@ -10,7 +10,8 @@ Usage (loads the weights, downloads nothing):
 
     .venv/bin/python scripts/round_profile.py [--prompts 6] [--max-tokens 48] [--kept one,many,one,many]
         [--top 8] [-- SERVE_OPTIONS ...]   (default serve options: --target qwen2.5-coder-1.5b --threads 2
-        --draft suffix --suffix-cache-entries 0)
+        --draft suffix --suffix-cache-entries 0 --no-exact; the passes it times are the shared context's batched
+        ones, which exact mode does not use)
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Job, Scheduler
 from spekula.threads import on_passing_thread
 
-SERVE = ["--target", "qwen2.5-coder-1.5b", "--threads", "2", "--draft", "suffix", "--suffix-cache-entries", "0"]
+SERVE = [
+    "--target",
+    "qwen2.5-coder-1.5b",
+    "--threads",
+    "2",
+    "--draft",
+    "suffix",
+    "--suffix-cache-entries",
+    "0",
+    "--no-exact",
+]
 WAIT = 600.0
 
 

@@ -47,7 +47,9 @@ def measure(args: argparse.Namespace) -> float:
     from spekula.threads import on_passing_thread
 
     def load():
-        backend, _ = load_model(args.model, BackendConfig(runtime="llamacpp", threads=args.threads, parallel=2))
+        backend, _ = load_model(
+            args.model, BackendConfig(runtime="llamacpp", threads=args.threads, parallel=2, exact=False)
+        )
         seq = backend.new_sequence()
         seq.forward([TOKEN] * args.context, num_logits=1)
         return seq

@@ -30,6 +30,8 @@ only; flash attention off is never exact past one token. With K in Q8_0 (which t
 take) blocks of up to 3 tokens are exact at every length on the repacked weights, up to 7 without
 repacking; a verified row costs ~23 ms either way (68.7 / 3, 169.6 / 7), and only the repacked weights
 keep the one-token pass at the default's price (27.2 against 36.1 ms). Exact mode takes that setting.
+Those were the stock build's kernels; the project's build now patches the two that differ
+(docs/decisions/0009-exact-kernels.md), and with it the setting is exact at every width to 17.
 """
 
 import statistics

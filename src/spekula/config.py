@@ -204,8 +204,9 @@ class BackendConfig:
     threads: int | None = None  # None = leave torch's default
     runtime: str = "transformers"  # a name in spekula.backends.BACKENDS: transformers | native | llamacpp
     # llama.cpp: compute a block of tokens bit for bit as one token at a time (greedy speculative output
-    # == plain decoding), at the cost in docs/BENCHMARKS.md (`--exact`). The other runtimes are block-invariant.
-    exact: bool = False
+    # == plain decoding; its cost: docs/BENCHMARKS.md, `--exact`). On by default; off lets a server batch
+    # requests in one shared context, where near-ties can flip. The other runtimes ignore it.
+    exact: bool = True
     # Most tokens one sequence (prompt + output) holds; None: the runtime's default (llama.cpp 4096, its
     # KV cache allocated whole per running request; the others the model's own context).
     context_length: int | None = None

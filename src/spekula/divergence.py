@@ -187,7 +187,7 @@ def guarantee(target: Any, shared: bool = False) -> Guarantee:
     passes = "a verified block, a batch of requests or a kept prompt's cache" if shared else "a verified block"
     if not target.capabilities.block_invariant:
         why = f"a pass over several tokens ({passes}) runs other kernels than a one-token pass"
-        remedy = "; --exact makes them bit-identical"
+        remedy = "; exact mode (--exact, llama.cpp's default) makes them bit-identical"
     else:
         why = f"a pass over several tokens ({passes}) adds the same products as a one-token pass in another order"
         remedy = ""

@@ -13,6 +13,10 @@ exactly when `/proc/cpuinfo` lists every flag it needs, the AMX options always o
 under a key of those options (`$SPEKULA_CACHE/wheels/<key>/`), never in pip's cache. A checkout whose CPU
 changes gets another key, so the next `make` builds (or reuses) the wheel for the new CPU.
 
+The build also applies patches/llamacpp/*.patch to the llama.cpp tree the sdist carries: kernels that sum a
+row the same way whatever else shares its pass, which exact mode (the default) relies on
+(docs/decisions/0009-exact-kernels.md). The key hashes the patches' text.
+
 This file runs before spekula's dependencies are installed (the Makefile runs it with the system Python to
 compute the key), so it imports only the standard library.
 
@@ -40,6 +44,10 @@ from pathlib import Path
 PACKAGE = "llama-cpp-python"
 # requirements/llamacpp.txt pins the version; this file is found from the repository root.
 REQUIREMENT_FILE = Path(__file__).resolve().parents[2] / "requirements" / "llamacpp.txt"
+# Patches to the llama.cpp the sdist vendors (paths relative to vendor/llama.cpp), applied in name order before
+# the wheel is built: they make a row's logits the same bits whatever else shares its pass
+# (docs/decisions/0009-exact-kernels.md). llama-server, the benchmarks' baseline, is built without them.
+PATCH_DIR = Path(__file__).resolve().parents[2] / "patches" / "llamacpp"
 RECORD = "spekula-build.json"  # written beside the wheel, and into the installed package's lib/ folder
 
 
@@ -115,11 +123,49 @@ def pinned_version(requirement_file: Path = REQUIREMENT_FILE) -> str:
     raise SystemExit(f"{requirement_file} pins no {PACKAGE}==VERSION line")
 
 
-def build_key(version: str, args: list[str], machine: str | None = None) -> str:
-    """A wheel's cache key: the version, the architecture, the options switched on, a hash of all arguments."""
+def build_key(version: str, args: list[str], machine: str | None = None, patches: tuple[Path, ...] = ()) -> str:
+    """A build's cache key: the version, the architecture, the options switched on, a hash of all arguments and
+    of the patches' text (a changed patch is a new build)."""
     on = [a[len("-DGGML_") : -len("=ON")].lower() for a in args if a.endswith("=ON")]
-    digest = hashlib.sha256(" ".join(args).encode()).hexdigest()[:10]
-    return "-".join([version, (machine or platform.machine()).lower(), *on, digest])
+    hashed = hashlib.sha256(" ".join(args).encode())
+    for patch in patches:
+        hashed.update(patch.read_bytes())
+    return "-".join([version, (machine or platform.machine()).lower(), *on, hashed.hexdigest()[:10]])
+
+
+def patch_files(folder: Path = PATCH_DIR) -> tuple[Path, ...]:
+    return tuple(sorted(folder.glob("*.patch")))
+
+
+def apply_patch(patch: Path, root: Path) -> None:
+    """Apply a unified diff (`--- a/PATH`, `+++ b/PATH`, hunks) to the files under `root`, every context and
+    removed line checked: a patch that does not fit the source stops the build with the line it expected."""
+    lines = patch.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("--- "):
+            i += 1  # the patch's description, before its first file
+            continue
+        target = root / lines[i + 1].removeprefix("+++ ").split("\t")[0].removeprefix("b/")
+        source = target.read_text().split("\n")
+        out: list[str] = []
+        at = 0  # lines of `source` consumed
+        i += 2
+        while i < len(lines) and lines[i].startswith("@@"):
+            start = int(lines[i].split()[1].split(",")[0].lstrip("-")) - 1
+            out += source[at:start]
+            at = start
+            i += 1
+            while i < len(lines) and lines[i][:1] in (" ", "-", "+", ""):
+                kind, text = lines[i][:1], lines[i][1:]
+                if kind != "+":  # a context line or a removed one: the source must hold it
+                    if at >= len(source) or source[at] != text:
+                        raise SystemExit(f"{patch.name} does not apply to {target} at line {at + 1}: expected {text!r}")
+                    at += 1
+                if kind != "-":
+                    out.append(text)
+                i += 1
+        target.write_text("\n".join(out + source[at:]))
 
 
 def cache_root() -> Path:
@@ -134,16 +180,38 @@ def _pip(python: str, *args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *args], check=True, env=env)
 
 
-def build_wheel(python: str, version: str, args: list[str], out: Path) -> Path:
-    """Compile the wheel from the sdist with these CMAKE_ARGS into `out` (pip's cache untouched)."""
+def _sdist(python: str, version: str) -> Path:
+    """The pinned version's sdist, downloaded once into the cache (it carries the llama.cpp tree it binds)."""
+    sdists = cache_root() / "sdist"
+    found = sorted(sdists.glob(f"{PACKAGE.replace('-', '_')}-{version}.tar.gz"))
+    if not found:
+        _pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(sdists),
+             f"{PACKAGE}=={version}")  # fmt: skip
+        found = sorted(sdists.glob(f"{PACKAGE.replace('-', '_')}-{version}.tar.gz"))
+    return found[0]
+
+
+def _unpack(sdist: Path, into: Path) -> Path:
+    with tarfile.open(sdist) as tar:
+        tar.extractall(into, filter="data")
+    return into / sdist.name.removesuffix(".tar.gz")
+
+
+def build_wheel(python: str, version: str, args: list[str], out: Path, patches: tuple[Path, ...] = ()) -> Path:
+    """Compile the wheel from the sdist, its llama.cpp patched, with these CMAKE_ARGS into `out` (pip's cache
+    untouched)."""
     env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
     env.pop("SOURCE_DATE_EPOCH", None)  # irrelevant with explicit options, but keep ggml's defaults predictable
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        print(f"spekula: building {PACKAGE}=={version} for this CPU ({' '.join(args)}); a few minutes", flush=True)
-        _pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "--no-binary", PACKAGE, "-w", tmp,
-             f"{PACKAGE}=={version}", env=env)  # fmt: skip
+        source = _unpack(_sdist(python, version), Path(tmp))
+        for patch in patches:
+            apply_patch(patch, source / "vendor" / "llama.cpp")
+        names = ", ".join(p.name for p in patches) or "none"
+        print(f"spekula: building {PACKAGE}=={version} for this CPU ({' '.join(args)}; patches: {names}); a few "
+              "minutes", flush=True)  # fmt: skip
+        _pip(python, "wheel", "--quiet", "--no-deps", "--no-cache-dir", "-w", tmp, str(source), env=env)
         (built,) = Path(tmp).glob("*.whl")
         return built.replace(out / built.name)
 
@@ -153,10 +221,11 @@ def install(python: str = sys.executable, requirement_file: Path = REQUIREMENT_F
     version = pinned_version(requirement_file)
     flags = this_cpu_flags()
     args = cmake_args(flags)
-    key = build_key(version, args)
+    patches = patch_files()
+    key = build_key(version, args, patches=patches)
     folder = wheel_dir(key)
     wheels = sorted(folder.glob("*.whl"))
-    wheel = wheels[-1] if wheels else build_wheel(python, version, args, folder)
+    wheel = wheels[-1] if wheels else build_wheel(python, version, args, folder, patches)
     record = {
         "package": PACKAGE,
         "version": version,
@@ -164,6 +233,7 @@ def install(python: str = sys.executable, requirement_file: Path = REQUIREMENT_F
         "cmake_args": args,
         "features": list(enabled_features(flags)),
         "disabled": list(DISABLED),
+        "patches": [p.name for p in patches],
         "wheel": wheel.name,
     }
     (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n")
@@ -210,15 +280,10 @@ def build_server(python: str, out: Path, requirement_file: Path = REQUIREMENT_FI
     args = cmake_args(this_cpu_flags())
     binary = cache_root() / "llama-server" / build_key(version, args) / "llama-server"
     if not binary.is_file():
-        sdists = cache_root() / "sdist"
-        _pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(sdists),
-             f"{PACKAGE}=={version}")  # fmt: skip
-        (sdist,) = sdists.glob(f"{PACKAGE.replace('-', '_')}-{version}.tar.gz")
+        sdist = _sdist(python, version)
         binary.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=binary.parent) as tmp:
-            with tarfile.open(sdist) as tar:
-                tar.extractall(tmp, filter="data")
-            source = Path(tmp) / sdist.name.removesuffix(".tar.gz") / "vendor" / "llama.cpp"
+            source = _unpack(sdist, Path(tmp)) / "vendor" / "llama.cpp"
             build = Path(tmp) / "build"
             print(f"spekula: building llama-server from {sdist.name} ({' '.join(args)}); ~10 minutes", flush=True)
             subprocess.run(["cmake", "-S", str(source), "-B", str(build), *SERVER_ARGS, *args], check=True)
@@ -244,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         build_server(args.python, args.out or Path(args.python).parent / "llama-server")
         return 0
     cmake = cmake_args(this_cpu_flags())
-    print(build_key(pinned_version(), cmake) if args.command == "key" else " ".join(cmake))
+    print(build_key(pinned_version(), cmake, patches=patch_files()) if args.command == "key" else " ".join(cmake))
     return 0
 
 

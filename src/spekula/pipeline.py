@@ -246,6 +246,7 @@ def draft_backend_config(draft: str | None, target: BackendConfig, runtime: str 
         threads=target.threads,
         runtime=runtime,
         context_length=target.context_length,
+        exact=False,  # only the target's logits decide the output; an exact draft would only load slower
     )
 
 

@@ -135,9 +135,11 @@ def test_the_default_configuration_is_found_by_its_options():
     default = default_draft(backend_from_args(args).runtime)
     args = args_of("--spec", "draft=ngram,k=3", "--spec", f"draft={default},k=auto")
     assert default_config_name(args, choices_from_args(args)) == f"{default} k=auto"
-    args = args_of("--spec", f"draft={default},k=auto,exact=on", "--spec", f"draft={default},k=4")
-    assert default_config_name(args, choices_from_args(args)) is None  # exact=on and k=4 are not what users get
-    args = args_of("--exact", "--spec", f"draft={default},k=auto")
+    args = args_of("--spec", f"draft={default},k=auto,exact=off", "--spec", f"draft={default},k=4")
+    assert default_config_name(args, choices_from_args(args)) is None  # exact=off and k=4 are not what users get
+    args = args_of("--spec", f"draft={default},k=auto,exact=on")
+    assert default_config_name(args, choices_from_args(args)) == f"{default} k=auto exact=on"  # on is the default
+    args = args_of("--no-exact", "--spec", f"draft={default},k=auto")
     assert default_config_name(args, choices_from_args(args)) is None
 
 

@@ -114,7 +114,7 @@ def test_draft_loader_loads_each_runtime_once_and_shares_the_runs_own(monkeypatc
         return table(0, name=f"{name}@{config.runtime}"), ByteCodec()
 
     monkeypatch.setattr(spekula.pipeline, "load_model", fake_load_model)
-    run_config = BackendConfig(runtime="llamacpp")
+    run_config = BackendConfig(runtime="llamacpp", exact=False)
     loader = DraftLoader(
         "t", target, ByteCodec(), run_config, draft_config=lambda name, on: BackendConfig(runtime=on.runtime)
     )

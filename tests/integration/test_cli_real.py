@@ -89,12 +89,17 @@ def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("exact, kind", [([], "identical-except-near-ties"), (["--exact"], "bit-identical")])
+@pytest.mark.parametrize(
+    "exact, kind",
+    [(["--no-exact"], "identical-except-near-ties"), ([], "bit-identical"), (["--exact"], "bit-identical")],
+)
 def test_a_llama_cpp_target_says_which_guarantee_its_output_has(capsys, exact, kind):
+    """Exact mode is the default: bit-identical unless --no-exact."""
     argv = ["generate", "def f():", "--target", "smollm2-135m", "--backend", "llamacpp", "--draft", "ngram", "--k", "2"]
     assert main([*argv, "--max-tokens", "4", *exact]) == 0
     text = capsys.readouterr().out
-    assert ("nearly tie" in text) == (not exact) and ("bit for bit" in text) == bool(exact)
+    bit_identical = kind == "bit-identical"
+    assert ("nearly tie" in text) == (not bit_identical) and ("bit for bit" in text) == bit_identical
     assert main([*argv, "--max-tokens", "4", *exact, "--json"]) == 0
     assert last_json(capsys)["guarantee"]["kind"] == kind
 

@@ -196,3 +196,27 @@ def test_spekula_serve_against_llama_cpp_server_one_report_over_the_same_request
         # spekula serve reports usage; llama_cpp.server's count comes from spekula's on an identical text
         assert r["token_count_source"] in ("usage", "usage (identical text)", "chunks")
     assert {r["token_count_source"] for r in results["requests"] if r["config"] == "endpoint"} == {"usage"}
+
+
+def _greedy(url: str, prompt: str) -> dict:
+    body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def test_by_default_concurrent_and_sequential_greedy_requests_get_the_same_texts(spekula_serve):
+    """Exact mode is the default: each request its own context, its verified blocks the same bits as one-token
+    passes, so what else the server runs cannot change a greedy answer (issue #35)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    starts = ("def median(values):", "The capital of France", "Once upon a time", "import numpy as np\nx = np.")
+    prompts = [f"{start} " for start in (*starts, "SELECT name FROM", "1, 2, 3, 4,")]
+    sequential = [_greedy(spekula_serve, p) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        concurrent = list(pool.map(lambda p: _greedy(spekula_serve, p), prompts))
+    assert [a["choices"][0]["text"] for a in concurrent] == [a["choices"][0]["text"] for a in sequential]
+    assert all(a["spec"]["guarantee"]["kind"] == "bit-identical" for a in sequential + concurrent)
+    assert all(a["choices"][0]["text"] for a in sequential)

@@ -33,7 +33,7 @@ PROMPTS = {
 
 
 def llama(parallel: int) -> BackendConfig:
-    return BackendConfig(runtime="llamacpp", threads=2, parallel=parallel, context_length=512)
+    return BackendConfig(runtime="llamacpp", threads=2, parallel=parallel, context_length=512, exact=False)
 
 
 @pytest.fixture(scope="module")

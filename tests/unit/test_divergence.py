@@ -267,7 +267,7 @@ class ExactBackend(FunctionBackend):
     "target, shared, kind, words",
     [
         (ExactBackend(alphabet(1.0), VOCAB, eos=EOS), False, BIT_IDENTICAL, "at most 3 tokens"),
-        (BlockBackend(0.01, 0.02), False, NEAR_TIES, "--exact makes them bit-identical"),
+        (BlockBackend(0.01, 0.02), False, NEAR_TIES, "(--exact, llama.cpp's default) makes them bit-identical"),
         (BlockBackend(0.01, 0.02), True, NEAR_TIES, "a batch of requests or a kept prompt's cache"),
         (FunctionBackend(alphabet(1.0), VOCAB, eos=EOS), False, NEAR_TIES, "in another order"),
     ],

@@ -15,11 +15,11 @@ def parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def test_exact_is_opt_in_and_reaches_the_target_config():
-    assert BackendConfig().exact is False
-    assert backend_from_args(parse("--backend", "llamacpp")).exact is False
-    assert backend_from_args(parse("--backend", "llamacpp", "--exact")).exact is True
-    assert backend_from_args(parse("--backend", "llamacpp", "--exact", "--no-exact")).exact is False
+def test_exact_is_the_default_and_reaches_the_target_config():
+    assert BackendConfig().exact is True
+    assert backend_from_args(parse("--backend", "llamacpp")).exact is True
+    assert backend_from_args(parse("--backend", "llamacpp", "--no-exact")).exact is False
+    assert backend_from_args(parse("--backend", "llamacpp", "--no-exact", "--exact")).exact is True
 
 
 def test_the_draft_is_never_made_exact():

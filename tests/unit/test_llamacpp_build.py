@@ -124,4 +124,50 @@ def test_the_key_command_runs_with_the_standard_library_alone():
         check=True,
         cwd=ROOT,
     )
-    assert done.stdout.strip() == build.build_key(build.pinned_version(), build.cmake_args(build.this_cpu_flags()))
+    expected = build.build_key(
+        build.pinned_version(), build.cmake_args(build.this_cpu_flags()), patches=build.patch_files()
+    )
+    assert done.stdout.strip() == expected
+
+
+def test_a_changed_patch_is_another_build(tmp_path):
+    args = build.cmake_args(flags(EPYC_AVX2), machine="x86_64")
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text("one\n")
+    first = build.build_key("0.3.36", args, machine="x86_64", patches=(patch,))
+    patch.write_text("two\n")
+    second = build.build_key("0.3.36", args, machine="x86_64", patches=(patch,))
+    unpatched = build.build_key("0.3.36", args, machine="x86_64")
+    assert len({first, second, unpatched}) == 3
+    assert {k.rsplit("-", 1)[0] for k in (first, second, unpatched)} == {unpatched.rsplit("-", 1)[0]}
+
+
+def test_a_patch_is_applied_hunk_by_hunk_and_refused_where_the_source_differs(tmp_path):
+    source = tmp_path / "src" / "k.c"
+    source.parent.mkdir()
+    source.write_text("a\nb\nc\nd\ne\nf\n")
+    patch = tmp_path / "0001-k.patch"
+    patch.write_text(
+        "Why: a description before the first file is skipped.\n\n"
+        "--- a/src/k.c\n+++ b/src/k.c\n"
+        "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
+        "@@ -5,2 +5,3 @@\n e\n+e2\n f\n"
+    )
+    build.apply_patch(patch, tmp_path)
+    assert source.read_text() == "a\nB\nc\nd\ne\ne2\nf\n"
+    with pytest.raises(SystemExit, match="does not apply to .*k.c at line 2: expected 'b'"):
+        build.apply_patch(patch, tmp_path)  # already applied: line 2 is B now
+
+
+def test_the_shipped_patches_apply_to_the_pinned_llama_cpp(tmp_path):
+    """The sdist the build compiles (downloaded once into the cache by the set-up) takes every patch."""
+    patches = build.patch_files()
+    assert patches and [p.name for p in patches] == sorted(p.name for p in patches)
+    source = build._unpack(build._sdist(sys.executable, build.pinned_version()), tmp_path) / "vendor" / "llama.cpp"
+    for patch in patches:
+        text = patch.read_text()
+        assert text.index("docs/decisions/0009-exact-kernels.md") < text.index("--- a/")  # the why comes first
+        names = re.findall(r"^\+\+\+ b/(\S+)", text, re.M)
+        before = {n: (source / n).read_text() for n in names}
+        build.apply_patch(patch, source)
+        assert all((source / n).read_text() != before[n] for n in names), patch.name

@@ -26,7 +26,7 @@ def test_a_gguf_target_on_a_cpu_runs_in_llama_cpp_and_so_does_its_draft():
     assert args.backend is None  # the option records that nobody chose; backend_from_args decides
     if not _sees_gpu():
         assert backend_from_args(args) == BackendConfig(threads=2, runtime="llamacpp")
-        assert draft_backend_from_args(args) == BackendConfig(threads=2, runtime="llamacpp")
+        assert draft_backend_from_args(args) == BackendConfig(threads=2, runtime="llamacpp", exact=False)
 
 
 def test_native_on_a_gpu_for_a_hugging_face_directory_or_without_llama_cpp(tmp_path, monkeypatch):
@@ -57,7 +57,7 @@ def test_a_builtin_draft_runs_in_llama_cpp_unless_told_otherwise():
     assert default_draft_runtime("qwen2.5-coder-0.5b", "transformers") == "llamacpp"
     assert default_draft_runtime("/models/draft.gguf", "native") == "llamacpp"
     config = draft_backend_from_args(parse("--dtype", "bfloat16", "--threads", "1"))
-    assert config == BackendConfig(dtype="float32", threads=1, runtime="llamacpp")  # llama.cpp: the GGUF's own types
+    assert config == BackendConfig(dtype="float32", threads=1, runtime="llamacpp", exact=False)  # the GGUF's types
 
 
 def test_what_has_no_gguf_runs_like_the_target(tmp_path):
@@ -66,7 +66,7 @@ def test_what_has_no_gguf_runs_like_the_target(tmp_path):
     assert default_draft_runtime("none", "transformers") == "transformers"
     assert default_draft_runtime("qwen2.5-coder-0.5b", "llamacpp") == "llamacpp"
     explicit = draft_backend_from_args(parse("--draft-backend", "transformers", "--dtype", "bfloat16"))
-    assert explicit == BackendConfig(dtype="bfloat16", runtime="transformers")
+    assert explicit == BackendConfig(dtype="bfloat16", runtime="transformers", exact=False)
     assert draft_backend_config("ngram", BackendConfig(dtype="bfloat16", runtime="native")).dtype == "bfloat16"
 
 

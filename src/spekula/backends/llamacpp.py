@@ -14,23 +14,25 @@ the others' passes do not read past them, and copied back into a new sequence (`
 that wants them.
 
 Exact mode (BackendConfig.exact) makes a token's logits independent of how many tokens share its pass,
-bit for bit, so greedy speculative output equals plain decoding in the same mode. Three causes of
-difference are closed:
-- weights: llama.cpp's repacked kernels compute rows in groups of 4 (gemm) and any rows left over one at
-  a time (gemv), with another accumulation order; a block of at most 3 rows goes through gemv like one
-  token, so a block wider than the widest exact width is scored in pieces of that width, each piece
-  reading the KV cache the previous one wrote (`_widest_exact_block` finds the width at load);
+bit for bit, so greedy speculative output equals plain decoding in the same mode. The causes of difference
+are closed:
+- weights: the build patches llama.cpp (patches/llamacpp/, applied by spekula.llamacpp_build) so that its
+  repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, and ggml's tiled K-quant
+  kernel (another summation order) takes over only from 32 rows, past any verified block;
 - attention: llama.cpp's flash-attention kernel scores each query row alone (the default kernel
   multiplies a block's queries as a matrix), so it is on;
 - one query over 512 or more KV cells: flash attention then splits the cells between threads and merges
   their partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
   one-token pass past position 255 differs from the same row in a block. Exact mode keeps K in Q8_0
   (llama-server's `-ctk q8_0`), which that path does not take; plain decoding in exact mode is therefore
-  llama.cpp with `-fa on -ctk q8_0`, and a one-token pass costs what it does by default.
-A shared context would let other sequences' passes change where a sequence's KV cells lie and so the
-order attention sums them in, so exact mode gives every sequence its own context (no batching), all
-`parallel` of them made at load. Its cost: docs/BENCHMARKS.md, `--exact`; the record behind these settings:
-scripts/experiments/exact_kernels.py.
+  llama.cpp with `-fa on -ctk q8_0`.
+`_widest_exact_block` checks at load which block width is exact on this GGUF and this build (a GGUF with
+other weight types, or an unpatched build, may allow less), and a wider block is scored in pieces of that
+width, each piece reading the KV cache the previous one wrote. A shared context would let other sequences'
+passes change where a sequence's KV cells lie and so the order attention sums them in, so exact mode gives
+every sequence its own context (no batching), all `parallel` of them made at load. The record behind these
+settings: docs/decisions/0009-exact-kernels.md (and scripts/experiments/exact_kernels.py, which finds the
+exact widths of each setting).
 
 Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`, `LlamaContext`,
 `LlamaBatch`), pinned to the version in requirements/base.txt.
@@ -155,10 +157,10 @@ class LlamaCppBackend(Backend):
         """The widest block (of the widths tried) whose logits equal one-token passes bit for bit, at the
         start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes).
 
-        With flash attention on and K in Q8_0, a block of at most 3 tokens goes through the same kernels
-        as one token on the repacked weights of llama.cpp 0.3.36's build (and wider blocks on weights it
-        does not repack); a block is then scored in pieces of the width found here, so exactness holds
-        for any GGUF (at worst one token a pass: exact, and no faster than plain decoding).
+        With flash attention on, K in Q8_0 and the project's patched build, every width up to 17 goes through
+        kernels that sum a row as one token's pass does (the module docstring); a block is scored in pieces of
+        the width found here, so exactness holds for any GGUF and any build (at worst one token a pass: exact,
+        and no faster than plain decoding).
         """
         tokens = [(self.vocab_size // 2 + 17 * i) % self.vocab_size for i in range(EXACT_WIDTHS[0])]
         starts = [0, min(EXACT_CHECK_AT, self.context_length - len(tokens))]

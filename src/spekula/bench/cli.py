@@ -397,7 +397,8 @@ def default_config_name(args: argparse.Namespace, choices: list) -> str | None:
     for c in choices:
         on_default_runtime = (c.backend or run.runtime) == runtime and run.dtype == BackendConfig().dtype
         exact = run.exact if c.exact is None else c.exact
-        if on_default_runtime and exact == BackendConfig().exact and replace(c, label=None, backend=None) == default:
+        same_choice = replace(c, label=None, backend=None, exact=None) == default
+        if on_default_runtime and exact == BackendConfig().exact and same_choice:
             return c.name
     return None
 
