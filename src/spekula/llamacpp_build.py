@@ -138,32 +138,37 @@ def patch_files(folder: Path = PATCH_DIR) -> tuple[Path, ...]:
 
 
 def apply_patch(patch: Path, root: Path) -> None:
-    """Apply a unified diff (`--- a/PATH`, `+++ b/PATH`, hunks) to the files under `root`, every context and
-    removed line checked: a patch that does not fit the source stops the build with the line it expected."""
+    """Apply a unified diff (`--- a/PATH`, `+++ b/PATH`, `@@ -l,n +l,m @@` hunks) to the files under `root`, each
+    hunk's n old lines checked against the source: a patch that does not fit it stops the build with the line it
+    expected. Text before the first `--- ` is the patch's description."""
     lines = patch.read_text().splitlines()
     i = 0
     while i < len(lines):
-        if not lines[i].startswith("--- "):
-            i += 1  # the patch's description, before its first file
+        if not (lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")):
+            i += 1
             continue
         target = root / lines[i + 1].removeprefix("+++ ").split("\t")[0].removeprefix("b/")
         source = target.read_text().split("\n")
         out: list[str] = []
         at = 0  # lines of `source` consumed
         i += 2
-        while i < len(lines) and lines[i].startswith("@@"):
-            start = int(lines[i].split()[1].split(",")[0].lstrip("-")) - 1
+        while i < len(lines) and lines[i].startswith("@@ "):
+            old, new = (field.lstrip("-+").split(",") for field in lines[i].split()[1:3])
+            start, old_left, new_left = int(old[0]) - (int(old[1]) > 0), int(old[1]), int(new[1])
             out += source[at:start]
             at = start
             i += 1
-            while i < len(lines) and lines[i][:1] in (" ", "-", "+", ""):
-                kind, text = lines[i][:1], lines[i][1:]
-                if kind != "+":  # a context line or a removed one: the source must hold it
+            while old_left or new_left:
+                if i >= len(lines):
+                    raise SystemExit(f"{patch.name} ends inside a hunk of {target}")
+                kind, text = lines[i][:1] or " ", lines[i][1:]  # an empty line: an empty context line
+                if kind in (" ", "-"):  # the source must hold a context or a removed line
                     if at >= len(source) or source[at] != text:
                         raise SystemExit(f"{patch.name} does not apply to {target} at line {at + 1}: expected {text!r}")
-                    at += 1
-                if kind != "-":
+                    at, old_left = at + 1, old_left - 1
+                if kind in (" ", "+"):
                     out.append(text)
+                    new_left -= 1
                 i += 1
         target.write_text("\n".join(out + source[at:]))
 

@@ -152,6 +152,7 @@ def test_a_patch_is_applied_hunk_by_hunk_and_refused_where_the_source_differs(tm
         "--- a/src/k.c\n+++ b/src/k.c\n"
         "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
         "@@ -5,2 +5,3 @@\n e\n+e2\n f\n"
+        "\nA blank line and text after the last hunk are not part of it.\n"
     )
     build.apply_patch(patch, tmp_path)
     assert source.read_text() == "a\nB\nc\nd\ne\ne2\nf\n"
