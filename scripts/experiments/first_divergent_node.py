@@ -78,9 +78,9 @@ def main() -> None:
     params = L.llama_model_default_params()
     params.use_extra_bufts = True
     model = L.llama_model_load_from_file(str(resolve(args.gguf).gguf_path).encode(), params)
-    text = open(__file__, "rb").read() * 4
-    ids = (L.llama_token * 4096)()
-    n = L.llama_tokenize(L.llama_model_get_vocab(model), text, len(text), ids, 4096, True, False)
+    text = open(__file__, "rb").read()
+    ids = (L.llama_token * 8192)()
+    n = L.llama_tokenize(L.llama_model_get_vocab(model), text, len(text), ids, 8192, True, False)
     prompt, block = list(ids[: args.prompt_tokens]), list(ids[args.prompt_tokens : args.prompt_tokens + args.width])
     assert n >= len(prompt) + len(block)
     rows = {}

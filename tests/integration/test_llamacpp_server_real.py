@@ -198,8 +198,8 @@ def test_spekula_serve_against_llama_cpp_server_one_report_over_the_same_request
     assert {r["token_count_source"] for r in results["requests"] if r["config"] == "endpoint"} == {"usage"}
 
 
-def _greedy(url: str, prompt: str) -> dict:
-    body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+def _greedy(url: str, prompt: str, **sampling) -> dict:
+    body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": 24, "temperature": 0, **sampling}
     request = urllib.request.Request(
         url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
@@ -220,3 +220,20 @@ def test_by_default_concurrent_and_sequential_greedy_requests_get_the_same_texts
     assert [a["choices"][0]["text"] for a in concurrent] == [a["choices"][0]["text"] for a in sequential]
     assert all(a["spec"]["guarantee"]["kind"] == "bit-identical" for a in sequential + concurrent)
     assert all(a["choices"][0]["text"] for a in sequential)
+
+
+def test_by_default_a_seeded_sampled_request_repeats_its_text_whatever_else_runs(spekula_serve):
+    """A seed fixes each position's draw (spekula.noise) and exact mode fixes the probabilities it draws from, so
+    the same seeded request gives the same text alone and beside others; another seed gives another text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seeded = {"temperature": 1.0, "seed": 7}
+    prompt = "Write a short story about a lighthouse keeper."
+    alone = _greedy(spekula_serve, prompt, **seeded)["choices"][0]["text"]
+    others = ["The capital of France", "def median(values):", "Once upon a time"]
+    with ThreadPoolExecutor(4) as pool:
+        beside = pool.submit(_greedy, spekula_serve, prompt, **seeded)
+        list(pool.map(lambda p: _greedy(spekula_serve, p, temperature=1.0), others))
+        assert beside.result()["choices"][0]["text"] == alone
+    other_seeds = {_greedy(spekula_serve, prompt, temperature=1.0, seed=s)["choices"][0]["text"] for s in (8, 9)}
+    assert other_seeds - {alone}  # the seed matters: the test could fail
