@@ -91,13 +91,16 @@ def main() -> None:
         decode(ctx, block[:width], len(prompt))
         rows[name] = list(RECORD)
         L.llama_free(ctx)
-    for (name, op, ne, alone), (_, _, ne_block, in_block) in zip(rows["alone"], rows["block"], strict=False):
-        if alone.shape == in_block.shape and not np.array_equal(alone, in_block):
-            diff = float(np.abs(alone - in_block).max())
-            print(f"width {args.width}: first difference at {name} (op {op}, {ne} alone, {ne_block} in the block), "
-                  f"max |delta| {diff:.3g}")  # fmt: skip
-            return
-    print(f"width {args.width}: the first token's row is the same bits at every node ({len(rows['alone'])} nodes)")
+    pairs = [(a, b) for a, b in zip(rows["alone"], rows["block"], strict=False) if a[3].shape == b[3].shape]
+    differ = [(a, b) for a, b in pairs if not np.array_equal(a[3], b[3])]
+    if not differ:
+        print(f"width {args.width}: the first token's row is the same bits at every node ({len(pairs)} nodes)")
+        return
+    (name, op, ne, alone), (_, _, ne_block, in_block) = differ[0]
+    (last, _, _, logits_alone), (_, _, _, logits_block) = pairs[-1]
+    print(f"width {args.width}: first difference at {name} (op {op}, {ne} alone, {ne_block} in the block), "
+          f"max |delta| {float(np.abs(alone - in_block).max()):.3g}; at {last} (the logits) "
+          f"{float(np.abs(logits_alone - logits_block).max()):.3g}")  # fmt: skip
 
 
 if __name__ == "__main__":

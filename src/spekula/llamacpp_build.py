@@ -187,13 +187,11 @@ def _pip(python: str, *args: str, env: dict[str, str] | None = None) -> None:
 
 def _sdist(python: str, version: str) -> Path:
     """The pinned version's sdist, downloaded once into the cache (it carries the llama.cpp tree it binds)."""
-    sdists = cache_root() / "sdist"
-    found = sorted(sdists.glob(f"{PACKAGE.replace('-', '_')}-{version}.tar.gz"))
-    if not found:
-        _pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(sdists),
+    sdist = cache_root() / "sdist" / f"{PACKAGE.replace('-', '_')}-{version}.tar.gz"
+    if not sdist.is_file():
+        _pip(python, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(sdist.parent),
              f"{PACKAGE}=={version}")  # fmt: skip
-        found = sorted(sdists.glob(f"{PACKAGE.replace('-', '_')}-{version}.tar.gz"))
-    return found[0]
+    return sdist
 
 
 def _unpack(sdist: Path, into: Path) -> Path:

@@ -198,7 +198,7 @@ def test_spekula_serve_against_llama_cpp_server_one_report_over_the_same_request
     assert {r["token_count_source"] for r in results["requests"] if r["config"] == "endpoint"} == {"usage"}
 
 
-def _greedy(url: str, prompt: str, **sampling) -> dict:
+def _complete(url: str, prompt: str, **sampling) -> dict:
     body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": 24, "temperature": 0, **sampling}
     request = urllib.request.Request(
         url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
@@ -214,9 +214,9 @@ def test_by_default_concurrent_and_sequential_greedy_requests_get_the_same_texts
 
     starts = ("def median(values):", "The capital of France", "Once upon a time", "import numpy as np\nx = np.")
     prompts = [f"{start} " for start in (*starts, "SELECT name FROM", "1, 2, 3, 4,")]
-    sequential = [_greedy(spekula_serve, p) for p in prompts]
+    sequential = [_complete(spekula_serve, p) for p in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        concurrent = list(pool.map(lambda p: _greedy(spekula_serve, p), prompts))
+        concurrent = list(pool.map(lambda p: _complete(spekula_serve, p), prompts))
     assert [a["choices"][0]["text"] for a in concurrent] == [a["choices"][0]["text"] for a in sequential]
     assert all(a["spec"]["guarantee"]["kind"] == "bit-identical" for a in sequential + concurrent)
     assert all(a["choices"][0]["text"] for a in sequential)
@@ -229,11 +229,11 @@ def test_by_default_a_seeded_sampled_request_repeats_its_text_whatever_else_runs
 
     seeded = {"temperature": 1.0, "seed": 7}
     prompt = "Write a short story about a lighthouse keeper."
-    alone = _greedy(spekula_serve, prompt, **seeded)["choices"][0]["text"]
+    alone = _complete(spekula_serve, prompt, **seeded)["choices"][0]["text"]
     others = ["The capital of France", "def median(values):", "Once upon a time"]
     with ThreadPoolExecutor(4) as pool:
-        beside = pool.submit(_greedy, spekula_serve, prompt, **seeded)
-        list(pool.map(lambda p: _greedy(spekula_serve, p, temperature=1.0), others))
+        beside = pool.submit(_complete, spekula_serve, prompt, **seeded)
+        list(pool.map(lambda p: _complete(spekula_serve, p, temperature=1.0), others))
         assert beside.result()["choices"][0]["text"] == alone
-    other_seeds = {_greedy(spekula_serve, prompt, temperature=1.0, seed=s)["choices"][0]["text"] for s in (8, 9)}
+    other_seeds = {_complete(spekula_serve, prompt, temperature=1.0, seed=s)["choices"][0]["text"] for s in (8, 9)}
     assert other_seeds - {alone}  # the seed matters: the test could fail
