@@ -21,11 +21,15 @@ are closed:
   kernel (another summation order) takes over only from 32 rows, past any verified block;
 - attention: llama.cpp's flash-attention kernel scores each query row alone (the default kernel
   multiplies a block's queries as a matrix), so it is on;
-- one query over 512 or more KV cells: flash attention then splits the cells between threads and merges
-  their partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
-  one-token pass past position 255 differs from the same row in a block. Exact mode keeps K in Q8_0
-  (llama-server's `-ctk q8_0`), which that path does not take; plain decoding in exact mode is therefore
-  llama.cpp with `-fa on -ctk q8_0`.
+- one query over 512 or more KV cells: flash attention splits the cells between threads and merges their
+  partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
+  one-token pass past position 255 would differ from the same row in a block. The build's third patch takes
+  that path only when the query's heads are fewer than the threads, so exact mode keeps K in F16
+  (llama.cpp's default: plain decoding in exact mode is llama.cpp with `-fa on`) when the installed library
+  has that patch and the threads are at most the model's heads, and in Q8_0 (`-ctk q8_0`), which the
+  split path never takes, otherwise. F16 keeps prefill fast: ggml's tiled flash-attention kernel, which a
+  prompt of 64 tokens or more goes through, takes only F16 or F32 K and V (with Q8_0 every prompt row goes
+  through the one-row kernel).
 `_widest_exact_block` checks at load which block width is exact on this GGUF and this build (a GGUF with
 other weight types, or an unpatched build, may allow less), and a wider block is scored in pieces of that
 width, each piece reading the KV cache the previous one wrote. A shared context would let other sequences'
@@ -57,6 +61,9 @@ from spekula.errors import ConfigError
 from spekula.extras import needs_extra
 from spekula.limits import check_forward
 
+# The build's patch after which one query's flash attention is split between threads only when its heads are fewer
+# than the threads (patches/llamacpp/): exact mode then keeps K in F16 (the module docstring)
+SPLIT_KV_PATCH = "0003-one-query-splits-kv-only-past-its-heads.patch"
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 # Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
@@ -110,6 +117,9 @@ class LlamaCppBackend(Backend):
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
         self.model = LlamaModel(path_model=str(self.gguf_path), params=params, verbose=False)
         self.vocab_size = int(self.model.n_vocab())
+        # exact mode's K cache can stay F16 where one query's attention is not split between threads (docstring)
+        heads = int(llama_cpp.llama_model_n_head(self.model.model))
+        self.exact_f16_k = SPLIT_KV_PATCH in llamacpp_check.installed_patches() and self.threads <= heads
         self.eos_token_ids = frozenset({int(self.model.token_eos())})
         self._pool: list[_Context] = []  # contexts of one sequence each, free for the next one
         self._shared: _Context | None = None
@@ -143,7 +153,7 @@ class LlamaCppBackend(Backend):
         params.n_seq_max = sequences
         params.kv_unified = True  # one cell pool: a pass over several sequences is one ubatch, whatever their widths
         params.n_threads = params.n_threads_batch = self.threads
-        if self.exact:
+        if self.exact and not self.exact_f16_k:
             params.type_k = llama_cpp.GGML_TYPE_Q8_0  # no split-KV path for one query (see the docstring)
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
