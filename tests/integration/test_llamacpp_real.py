@@ -211,3 +211,25 @@ def test_exact_greedy_speculative_output_is_plain_decoding(smol_exact, k):
         )
         assert spec.token_ids == plain, (type(factory).__name__, k)
         assert spec.stats.accepted > 0  # drafts were verified in blocks, not only single steps
+
+
+def test_exact_mode_parks_a_kept_cache_and_its_context_goes_back_to_the_pool(smol_exact):
+    """In exact mode every sequence has a context of its own; parking copies its KV cells to host memory and
+    returns the context, so a server can keep many finished conversations (PromptCache) without a context
+    each, and a later turn restored from the copy scores its next tokens bit for bit as the unparked one."""
+    target, codec = smol_exact
+    ids = codec.encode(LONG_COPY_PROMPT)
+    kept = target.new_sequence()
+    kept.forward(ids, num_logits=1)
+    reference = target.new_sequence()
+    reference.forward(ids, num_logits=1)
+    expected = reference.forward([11, 22, 33])
+    reference.release()
+    pooled = len(target._pool)
+    assert kept.park() and kept.parked and len(target._pool) == pooled + 1
+    turn2 = target.new_sequence()
+    assert kept.restore_into(turn2) and turn2.tokens == ids and len(target._pool) == pooled
+    assert torch.equal(turn2.forward([11, 22, 33]), expected)
+    for s in (kept, turn2):
+        s.release()
+    assert len(target._pool) == pooled + 1

@@ -26,6 +26,9 @@ class Capabilities:
     # output can then differ from plain decoding where the target's top two logits nearly tie.
     block_invariant: bool = True
     shares_prefix: bool = False  # share_prefix gives a sequence another's cached prefix without computing it
+    # Sequence.park moves a kept sequence's cache into host memory, freeing what it held in the runtime (its cells
+    # and sequence id, or its context): a server can keep several finished conversations at little cost
+    parks: bool = False
 
 
 class Sequence(ABC):
@@ -62,14 +65,15 @@ class Sequence(ABC):
         """Free the cache's memory; the sequence is empty afterwards."""
         self.truncate(0)
 
-    # A kept (finished) sequence may be parked: its cache moved out of the runtime's pass-sharing pool
-    # into host memory, so that the pool's passes no longer read past its cells, and copied back into a
-    # new sequence when a request wants it (PromptCache). Runtimes without such a pool keep it in place.
+    # A kept (finished) sequence may be parked: its cache moved out of the runtime into host memory (so
+    # that a shared pool's passes no longer read past its cells, and a context of its own goes back to the
+    # runtime's pool), and copied back into a new sequence when a request wants it (PromptCache). Runtimes
+    # that cannot (Capabilities.parks False) keep it in place.
     parked = False  # parked: forward and truncate refuse; restore_into and release are what is left
 
     def park(self) -> bool:
-        """Move this sequence's cache out of the runtime's shared pool (its cells and id freed, `tokens`
-        kept); False: nothing done, the sequence stays as it is (the default)."""
+        """Move this sequence's cache into host memory (what it held in the runtime freed, `tokens` kept);
+        False: nothing done, the sequence stays as it is (the default)."""
         return False
 
     def restore_into(self, target: Sequence) -> bool:

@@ -80,7 +80,7 @@ SHARED_FLASH_ATTENTION = True
 
 
 class LlamaCppBackend(Backend):
-    capabilities = Capabilities(batching=False, tree_mask=False, block_invariant=False)
+    capabilities = Capabilities(batching=False, tree_mask=False, block_invariant=False, parks=True)
 
     def __init__(
         self,
@@ -365,15 +365,15 @@ class LlamaCppSequence(Sequence):
         return self._state is not None
 
     def park(self) -> bool:
-        """In the shared context: copy the sequence's KV cells into host memory (llama_state_seq_get_data,
-        as llama-server's prompt cache in RAM does), then free the cells and the sequence id. A finished
-        request's cells left in the shared context would be read past by every later pass of the others
-        (llama.cpp builds each pass's attention mask over every cell in use), making their steps slower
-        (`scripts/experiments/parked_caches.py` measures it). A sequence with a context of its own is left
-        as it is: nothing else reads its cells."""
+        """Copy the sequence's KV cells into host memory (llama_state_seq_get_data, as llama-server's prompt
+        cache in RAM does), then free what it held: in the shared context its cells and sequence id (a
+        finished request's cells left there would be read past by every later pass of the others, as
+        llama.cpp builds each pass's attention mask over every cell in use: `scripts/experiments/
+        parked_caches.py` measures it); a context of its own (exact mode) goes back to the pool, so kept
+        conversations hold host memory (their tokens' K and V) rather than a context each."""
         import llama_cpp
 
-        if self.released or self.parked or not self.tokens or self.context is not self.backend._shared:
+        if self.released or self.parked or not self.tokens:
             return False
         ctx = self.context.ctx.ctx
         size = llama_cpp.llama_state_seq_get_size(ctx, self.seq_id)
@@ -381,7 +381,10 @@ class LlamaCppSequence(Sequence):
         if llama_cpp.llama_state_seq_get_data(ctx, _pointer(state), size, self.seq_id) != size:
             return False
         self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
-        self.backend._free_ids.append(self.seq_id)
+        if self.context is self.backend._shared:
+            self.backend._free_ids.append(self.seq_id)
+        else:
+            self.backend._pool.append(self.context)
         self._state = state
         return True
 

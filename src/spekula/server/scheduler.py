@@ -174,9 +174,10 @@ class Scheduler:
         engine = pipeline.engine
         # a prompt may wait for a request ahead of it to prefill their common start, then borrow it (_awaits)
         self._borrows = self.batching and pipeline.target.capabilities.shares_prefix and engine.prompt_cache.enabled
-        if self._borrows:
-            # keep finished requests' caches while sequence ids are spare (PromptCache): a conversation's next
-            # turn borrows its last turn's cells even when other requests finished in between
+        if self._borrows or pipeline.target.capabilities.parks:
+            # keep as many finished requests' caches as requests may run (PromptCache; parked in host memory
+            # where the runtime can): a conversation's next turn, or a prompt that shares an earlier one's
+            # instructions, starts from it even when other requests finished in between
             engine.prompt_cache.max_kept = max(engine.prompt_cache.max_kept, max_running)
         self._batch_k = self.batching and engine.proposer is not None and engine.spec.k is None
         if self._batch_k:  # pass costs up to the widest batch, before any request
