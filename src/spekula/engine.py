@@ -529,15 +529,14 @@ class Prefill:
 
 @dataclass
 class PrefillChunk:
-    """A piece of a request's prompt for the target to prefill: the pass is `sequence.forward(tokens,
-    num_logits=1)` (the logits are not used: the first decode step feeds the pending last token)."""
+    """A piece of a request's prompt for the target to prefill: the pass is `sequence.prefill(tokens)` (no
+    logits are read: the first decode step feeds the pending last token)."""
 
     sequence: Sequence
     tokens: list[int]
 
     def run(self) -> None:
-        if self.tokens:
-            self.sequence.forward(self.tokens, num_logits=1)
+        self.sequence.prefill(self.tokens)
 
 
 @dataclass

@@ -65,9 +65,8 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=BackendConfig().exact,
         help="llama.cpp: score a block of tokens bit for bit as one token at a time, so greedy speculative output "
-        "equals plain decoding in this mode: flash attention (llama.cpp's -fa on; K in Q8_0 on a build without the "
-        "project's patches), blocks of up to 17 tokens a pass on the project's build, and a server gives each "
-        "request its own context (no "
+        "equals plain decoding in this mode: flash attention, a Q8_0 K cache (llama.cpp's -fa on -ctk q8_0), blocks "
+        "of up to 17 tokens a pass on the project's build, and a server gives each request its own context (no "
         "batching); its cost: docs/BENCHMARKS.md, --exact. --no-exact: llama.cpp's default kernels and a shared, "
         "batching context, where near-ties in the target's top two logits can flip (default: on; the other "
         "runtimes ignore it)",

@@ -354,15 +354,17 @@ def test_the_options():
 
 
 @pytest.mark.model
-def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one():
-    """llama.cpp (smollm2 GGUF, without --exact): a prompt longer than one llama_decode (512 tokens) prefilled
-    in chunks of 256 or 100 gives the next-token logits of a whole prefill bit for bit, and the same greedy
-    tokens after it."""
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one(model):
+    """llama.cpp in exact mode (the default): a prompt longer than one llama_decode (512 tokens) prefilled in
+    chunks of 256 or 100 gives the next-token logits of a whole prefill bit for bit, and the same greedy tokens
+    after it. On the Q4_K_M GGUF a chunk's last row computed alone (vec_dot, as a step's rows are) instead of in
+    its chunk's pass (ggml's tiled matmul from 32 rows) differed (LlamaCppSequence.prefill)."""
     import torch
 
     from spekula.pipeline import load_model
 
-    backend, codec = load_model("smollm2-135m", BackendConfig(runtime="llamacpp", threads=2, context_length=1024))
+    backend, codec = load_model(model, BackendConfig(runtime="llamacpp", threads=2, context_length=1024))
     ids = codec.encode(PASSAGE)
     assert len(ids) > 512 and backend.context_length == 1024  # --context-length reaches llama.cpp
 

@@ -53,6 +53,12 @@ class Sequence(ABC):
         self.tokens.extend(int(t) for t in token_ids)
         return logits
 
+    def prefill(self, token_ids: Seq[int]) -> None:
+        """Append prompt tokens whose logits nobody reads (a prefill chunk: the first step feeds the pending
+        last token). A runtime may shape its passes for that (llama.cpp's exact mode: LlamaCppSequence)."""
+        if token_ids:
+            self.forward(token_ids, num_logits=1)
+
     def truncate(self, length: int) -> None:
         """Forget every token from position `length` on."""
         if not 0 <= length <= self.length:

@@ -21,15 +21,14 @@ are closed:
   kernel (another summation order) takes over only from 32 rows, past any verified block;
 - attention: llama.cpp's flash-attention kernel scores each query row alone (the default kernel
   multiplies a block's queries as a matrix), so it is on;
-- one query over 512 or more KV cells: flash attention splits the cells between threads and merges their
-  partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
-  one-token pass past position 255 would differ from the same row in a block. The build's third patch takes
-  that path only when the query's heads are fewer than the threads, so exact mode keeps K in F16
-  (llama.cpp's default: plain decoding in exact mode is llama.cpp with `-fa on`) when the installed library
-  has that patch and the threads are at most the model's heads, and in Q8_0 (`-ctk q8_0`), which the
-  split path never takes, otherwise. F16 keeps prefill fast: ggml's tiled flash-attention kernel, which a
-  prompt of 64 tokens or more goes through, takes only F16 or F32 K and V (with Q8_0 every prompt row goes
-  through the one-row kernel).
+- one query over 512 or more KV cells: flash attention then splits the cells between threads and merges
+  their partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
+  one-token pass past position 255 differs from the same row in a block. Exact mode keeps K in Q8_0
+  (llama-server's `-ctk q8_0`), which that path does not take; plain decoding in exact mode is therefore
+  llama.cpp with `-fa on -ctk q8_0`.
+- a prefill chunk's rows go in passes of up to N_BATCH tokens, its last row not split off as a step's rows
+  are (LlamaCppSequence.prefill), so a prompt whose prefill passes all have 32 tokens or more holds the
+  same bits however it was chunked (a narrower pass takes vec_dot, as a verified block does).
 `_widest_exact_block` checks at load which block width is exact on this GGUF and this build (a GGUF with
 other weight types, or an unpatched build, may allow less), and a wider block is scored in pieces of that
 width, each piece reading the KV cache the previous one wrote. A shared context would let other sequences'
@@ -61,9 +60,6 @@ from spekula.errors import ConfigError
 from spekula.extras import needs_extra
 from spekula.limits import check_forward
 
-# The build's patch after which one query's flash attention is split between threads only when its heads are fewer
-# than the threads (patches/llamacpp/): exact mode then keeps K in F16 (the module docstring)
-SPLIT_KV_PATCH = "0003-one-query-splits-kv-only-past-its-heads.patch"
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 # Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
@@ -117,9 +113,6 @@ class LlamaCppBackend(Backend):
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
         self.model = LlamaModel(path_model=str(self.gguf_path), params=params, verbose=False)
         self.vocab_size = int(self.model.n_vocab())
-        # exact mode's K cache can stay F16 where one query's attention is not split between threads (docstring)
-        heads = int(llama_cpp.llama_model_n_head(self.model.model))
-        self.exact_f16_k = SPLIT_KV_PATCH in llamacpp_check.installed_patches() and self.threads <= heads
         self.eos_token_ids = frozenset({int(self.model.token_eos())})
         self._pool: list[_Context] = []  # contexts of one sequence each, free for the next one
         self._shared: _Context | None = None
@@ -153,7 +146,7 @@ class LlamaCppBackend(Backend):
         params.n_seq_max = sequences
         params.kv_unified = True  # one cell pool: a pass over several sequences is one ubatch, whatever their widths
         params.n_threads = params.n_threads_batch = self.threads
-        if self.exact and not self.exact_f16_k:
+        if self.exact:
             params.type_k = llama_cpp.GGML_TYPE_Q8_0  # no split-KV path for one query (see the docstring)
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -267,13 +260,13 @@ class LlamaCppBackend(Backend):
         N_BATCH tokens; the logits each block asked for, in its order. In exact mode a lone block's
         rows that want logits (the pending token and the draft) go in calls of the exact width, after
         one call for the rows before them (the prompt's last tokens, which plain and speculative
-        decoding prefill alike)."""
+        decoding prefill alike); a prefill chunk's (not scored) are not split off."""
         rows = [
             (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
             for b, block in enumerate(blocks)
             for i, token in enumerate(block.ids)
         ]
-        exact_tail = len(blocks) == 1 and self.exact_width < N_BATCH
+        exact_tail = len(blocks) == 1 and blocks[0].scored and self.exact_width < N_BATCH
         head = len(rows) - blocks[0].wanted if exact_tail else len(rows)
         calls = _pieces(rows[:head], N_BATCH) + _pieces(rows[head:], self.exact_width)
         out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
@@ -334,6 +327,7 @@ class _Block:
     seq: LlamaCppSequence
     ids: list[int]
     wanted: int  # logits for the last `wanted` tokens
+    scored: bool = True  # its logits are read (False: a prefill chunk's, not split off in exact mode: _decode)
 
 
 class LlamaCppSequence(Sequence):
@@ -355,6 +349,16 @@ class LlamaCppSequence(Sequence):
     def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
         self.check_open()
         return self.backend._decode(self.context, [_Block(self, token_ids, num_logits)])[0]
+
+    def prefill(self, token_ids: Seq[int]) -> None:
+        """A prompt chunk in passes of up to N_BATCH tokens, its last row not split off in exact mode: as in
+        one whole prefill, a row of a pass of 32 tokens or more goes through ggml's tiled matmul wherever the
+        chunk ends (_decode)."""
+        check_forward(self.length, len(token_ids), self.context_length)
+        self.check_open()
+        if token_ids:
+            self.backend._decode(self.context, [_Block(self, list(token_ids), 1, scored=False)])
+            self.tokens.extend(int(t) for t in token_ids)
 
     def _truncate(self, length: int) -> None:
         self.check_open()
