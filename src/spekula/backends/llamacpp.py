@@ -354,11 +354,12 @@ class LlamaCppSequence(Sequence):
         """A prompt chunk in passes of up to N_BATCH tokens, its last row not split off in exact mode: as in
         one whole prefill, a row of a pass of 32 tokens or more goes through ggml's tiled matmul wherever the
         chunk ends (_decode)."""
+        if not token_ids:  # an empty chunk (a one-token prompt): nothing to prefill
+            return
         check_forward(self.length, len(token_ids), self.context_length)
         self.check_open()
-        if token_ids:
-            self.backend._decode(self.context, [_Block(self, list(token_ids), 1, scored=False)])
-            self.tokens.extend(int(t) for t in token_ids)
+        self.backend._decode(self.context, [_Block(self, list(token_ids), 1, scored=False)])
+        self.tokens.extend(int(t) for t in token_ids)
 
     def _truncate(self, length: int) -> None:
         self.check_open()
