@@ -11,11 +11,14 @@ cursor after an edit "resync"), so a loss on a warm server can be traced to the 
 --spread prints instead, per request of the run (every one warm, in the run's order), how often the first token of
 a draft of each source is accepted when the proposer drafts at every position (matches of one token left out): how
 much requests differ from each other in what memory's drafts get, against what their own text's drafts get
-(spekula.control.AdaptiveK.acceptance). An experiment, not a maintained tool (scripts/experiments/README.md).
+(spekula.control.AdaptiveK.acceptance). --by-category holds every category out in turn and prints, per category,
+the median and lowest speedup warm and cold (docs/decisions/0010-rates-per-request.md). An experiment, not a
+maintained tool (scripts/experiments/README.md).
 
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,2:S2,... \\
         --new open-chat,creative-writing,json-extraction-05
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --spread
+    .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,... --by-category --max-tokens 96
 
 Found on docs/benchmarks/llamacpp-confirm at the AVX-512 pass costs (docs/benchmarks/llamacpp/pass_costs.txt):
 memory's first-token acceptance spreads across requests from never to most of the time, by kind of request (a
@@ -77,6 +80,42 @@ def warm_and_cold(requests: list[Request], new: list[str], table: dict[int, floa
         print(f"{request.prompt_id} | {speedup:.3f}x | {cold:.3f}x | {drafts}")
 
 
+def by_category(requests: list[Request], table: dict[int, float], vocab, cap: int | None) -> None:
+    """Every category held out in turn: one engine serves the run's other requests, then the category's (warm);
+    each of them also on a fresh engine (cold). Per category, the median and lowest decode speedup over plain
+    decoding; then the geometric mean over all requests."""
+    if cap is not None:  # the first `cap` tokens of every output, as a run with max_tokens = cap would have emitted
+        requests = [
+            Request(r.prompt_id, r.category, r.prompt, r.output[:cap], r.stopped and len(r.output) <= cap, cap)
+            for r in requests
+        ]
+    categories = sorted({r.category for r in requests})
+
+    def engine():
+        return replay_engine(
+            "suffix", SpecConfig(k=None), CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab)
+        )
+
+    warm: dict[str, float] = {}
+    cold: dict[str, float] = {}
+    for category in categories:
+        server = engine()
+        for request in requests:
+            if request.category != category:
+                run(server, request)
+        for request in requests:
+            if request.category == category:
+                warm[request.prompt_id] = run(server, request)[0]
+                cold[request.prompt_id] = run(engine(), request)[0]
+    print("category | warm median | warm lowest | cold median | cold lowest")
+    for category in [*categories, "all"]:
+        ids = [r.prompt_id for r in requests if category in ("all", r.category)]
+        w, c = [warm[i] for i in ids], [cold[i] for i in ids]
+        print(f"{category} | {statistics.median(w):.3f}x | {min(w):.3f}x | {statistics.median(c):.3f}x | {min(c):.3f}x")
+    geo_w, geo_c = statistics.geometric_mean(warm.values()), statistics.geometric_mean(cold.values())
+    print(f"geometric mean | {geo_w:.4f}x | | {geo_c:.4f}x |")
+
+
 def spread(requests: list[Request], vocab) -> None:
     factory = replay_engine("suffix", SpecConfig(k=None), CostModel(), ReplayBackend(*vocab)).proposer
     rates: dict[str, list[float]] = {}
@@ -109,6 +148,12 @@ def main() -> int:
     ap.add_argument("--costs", help="seconds per target pass by width, as n:s,n:s,... (at least n = 1)")
     ap.add_argument("--new", default="open-chat,creative-writing", help="comma-separated prompt id prefixes held out")
     ap.add_argument("--spread", action="store_true", help="instead: first-token acceptance per request and source")
+    ap.add_argument(
+        "--by-category",
+        action="store_true",
+        help="instead: every category held out in turn, median and lowest speedup warm and cold",
+    )
+    ap.add_argument("--max-tokens", type=int, help="with --by-category: replay only each output's first N tokens")
     args = ap.parse_args()
     requests, vocab = load_requests(args.results)
     if args.spread:
@@ -117,6 +162,9 @@ def main() -> int:
     if not args.costs:
         ap.error("give --costs (or --spread)")
     table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
+    if args.by_category:
+        by_category(requests, table, vocab, args.max_tokens)
+        return 0
     warm_and_cold(requests, [n.strip() for n in args.new.split(",") if n.strip()], table, vocab)
     return 0
 

@@ -16,7 +16,9 @@ and `--trace` carry.
 
 Engine-wide acceptance is a prior, not a verdict. A class never seen starts from what its match length
 says (cost.base_acceptance: a long n-gram or suffix match is itself evidence of copying); learnt rates
-relax back towards that base (cost.HALF_LIFE); and a request's own drafts scale the odds of every
+relax back towards that base (cost.HALF_LIFE) and are learnt per request, not per step (a request's n-th draft
+of a class counts 1/n: they are the prior of a request's first drafts, and requests that copy draft at every
+step: docs/decisions/0010-rates-per-request.md); and a request's own drafts scale the odds of every
 class of their source (DraftClass.source: this request's own text, earlier requests' outputs, the copy
 cursor after an edit). Memory of earlier requests earns its drafts per request: whether it holds this
 request's text is the request's own business, so a rejected recalled draft all but switches memory off for
@@ -188,6 +190,8 @@ class AdaptiveK(Controller):
     _probed: bool = field(default=False, init=False, repr=False)
     # Whether this request has verified a draft yet (shadow drafts teach it, but leave it a new request).
     _verified: bool = field(default=False, init=False, repr=False)
+    # Drafts settled so far per class (verified and shadow), which weigh this request's share of the engine-wide rates.
+    _class_drafts: dict[DraftClass | None, int] = field(default_factory=dict, init=False, repr=False)
 
     def choose_k(
         self,
@@ -434,4 +438,8 @@ class AdaptiveK(Controller):
         tried = [prior[min(i, POSITIONS - 1)] for i in range(int(num_accepted + rejected))]
         evidence = self._evidence[source]
         evidence.add(num_accepted, rejected, sum(tried), sum(1.0 - p for p in tried), self.decay)
-        self.costs.observe_acceptance(num_drafted, num_accepted, draft_class)
+        # The engine-wide rates are the prior of a request's first drafts of a class, so they are learnt per request:
+        # its n-th draft of the class counts 1/n. Counted per step, requests that copy (drafting at every step)
+        # would make them theirs, and a request that does not copy would start from rates it never gets.
+        drafts = self._class_drafts[draft_class] = self._class_drafts.get(draft_class, 0) + 1
+        self.costs.observe_acceptance(num_drafted, num_accepted, draft_class, weight=1.0 / drafts)

@@ -212,16 +212,21 @@ class CostModel:
         per = seconds / tokens
         self.draft_s_per_token = (1 - EMA) * self.draft_s_per_token + EMA * per if self.draft_s_per_token else per
 
-    def observe_acceptance(self, num_drafted: int, num_accepted: int, draft_class: DraftClass | None = None) -> None:
-        """One step's outcome: the first num_accepted of num_drafted draft tokens were accepted."""
+    def observe_acceptance(
+        self, num_drafted: int, num_accepted: int, draft_class: DraftClass | None = None, weight: float = 1.0
+    ) -> None:
+        """One step's outcome: the first num_accepted of num_drafted draft tokens were accepted. weight: how much
+        it counts towards the rates, the class's and alpha (1.0: a whole step; AdaptiveK gives a request's n-th
+        draft of a class 1/n, so that the rates are those of a request's first drafts)."""
         rejected = 1 if num_accepted < num_drafted else 0
         rates = self.acceptance.setdefault(draft_class, [None] * POSITIONS)
+        step = CLASS_EMA * weight
         for i in range(num_accepted + rejected):
             j = min(i, POSITIONS - 1)
             rate = rates[j]
             old = rate if rate is not None else self.prior_acceptance(draft_class)[j]  # as updated so far
-            rates[j] = (1 - CLASS_EMA) * old + CLASS_EMA * (i < num_accepted)
-        self.alpha = (1 - EMA) * self.alpha + EMA * num_accepted / (num_accepted + rejected)
+            rates[j] = (1 - step) * old + step * (i < num_accepted)
+        self.alpha = (1 - EMA * weight) * self.alpha + EMA * weight * num_accepted / (num_accepted + rejected)
 
     def prior_acceptance(self, draft_class: DraftClass | None = None) -> list[float]:
         """What a draft of this class is expected to get, by position, before a request has evidence:

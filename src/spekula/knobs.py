@@ -156,7 +156,9 @@ def markdown_table(cls: type) -> str:
     rows = ["| flag | default | allowed | what it does |", "|---|---|---|---|"]
     for _, meta, default in knobs(cls):
         allowed = "on / off" if meta.kind is bool else meta.bounds() or ("text" if meta.kind is str else "")
-        shown = "off" if default is False else "none" if default is None else _shown(default)
+        shown = (
+            "off" if default is False else "on" if default is True else "none" if default is None else _shown(default)
+        )
         text = meta.help.format(default=_shown(default)).replace("|", "\\|")
         rows.append(f"| `{meta.flag}` | {shown} | {allowed} | {text} |")
     return "\n".join(rows) + "\n"

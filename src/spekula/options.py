@@ -209,3 +209,17 @@ def load_config_file(path: str, allowed: set[str]) -> dict[str, Any]:
     if isinstance(values.get("k"), str):
         values["k"] = parse_k(values["k"])
     return values
+
+
+OPTION_TABLES = {"SpecConfig": SpecConfig, "SuffixOptions": SuffixOptions}  # docs/OPTIONS.md's tables
+
+
+if __name__ == "__main__":  # docs/OPTIONS.md's tables of these options, from their declarations
+    import sys
+    from pathlib import Path
+
+    from spekula.knobs import write_tables
+
+    docs = sys.argv[1] if len(sys.argv) > 1 else "docs/OPTIONS.md"
+    changed = write_tables(Path(docs), OPTION_TABLES)
+    print(f"{docs}: {'tables rewritten' if changed else 'tables already current'}")

@@ -152,8 +152,8 @@ def llamacpp_like():  # llama.cpp Q4 on 2 cores, measured: a 2-token pass 1.45x 
 
 def test_acceptance_is_learnt_per_draft_class():
     costs = llamacpp_like()  # n-gram lookup: drafts are free, wide passes are dear
-    ctl = AdaptiveK(costs, k_max=8)
     for _ in range(20):  # what other requests saw: long matches copy, one-token matches rarely do
+        ctl = AdaptiveK(costs, k_max=8)
         ctl.observe(2, 2, 2, 0.0, 0.14, draft_class=ngram_class(4))
         ctl.observe(1, 1, 0, 0.0, 0.14, draft_class=ngram_class(1))
     assert costs.prior_acceptance(ngram_class(4))[0] > 0.85 and costs.prior_acceptance(ngram_class(1))[0] < 0.15
@@ -165,6 +165,30 @@ def test_acceptance_is_learnt_per_draft_class():
     for _ in range(4):
         new.observe(1, 1, 0, 0.0, 0.14, draft_class=ngram_class(4))
     assert new.acceptance(ngram_class(4))[0] < 0.5 and new.choose_k(draft_class=ngram_class(4)) == 0
+
+
+def test_the_engine_wide_rates_are_learnt_per_request_not_per_step():
+    """The engine-wide rates are what a request's first drafts of a class are expected to get. One request that copies
+    drafts at every step; counted per step, its forty passing drafts would outweigh four requests whose first draft
+    of the class failed, and a fifth request like those four would bet on rates it does not get."""
+    costs = llamacpp_like()
+    copier = AdaptiveK(costs, k_max=8)
+    for _ in range(40):
+        copier.observe(3, 3, 3, 0.0, 0.2, draft_class=match_class(2))
+    learnt = costs.prior_acceptance(match_class(2))[0]
+    assert learnt > base_acceptance(match_class(2))[0]  # the copier's drafts taught the class something ...
+    for _ in range(4):
+        AdaptiveK(costs, k_max=8).observe(3, 3, 0, 0.0, 0.2, draft_class=match_class(2))
+    # ... and four requests that each failed once now weigh more: under half of a first draft token expected
+    assert costs.prior_acceptance(match_class(2))[0] < 0.5 < learnt
+    # three failed drafts of one request count less than one failed draft of each of three requests
+    one, three = llamacpp_like(), llamacpp_like()
+    ctl = AdaptiveK(one, k_max=8)
+    for _ in range(3):
+        ctl.observe(3, 3, 0, 0.0, 0.2, draft_class=match_class(8))
+        AdaptiveK(three, k_max=8).observe(3, 3, 0, 0.0, 0.2, draft_class=match_class(8))
+    base = base_acceptance(match_class(8))[0]
+    assert three.prior_acceptance(match_class(8))[0] < one.prior_acceptance(match_class(8))[0] < base
 
 
 def test_a_requests_own_evidence_carries_across_draft_classes():

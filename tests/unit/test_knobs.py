@@ -106,6 +106,22 @@ def test_every_server_flag_is_a_declared_setting_and_the_docs_table_is_made_from
     )
 
 
+def test_the_docs_tables_of_the_speculation_options_are_made_from_their_declarations(tmp_path):
+    """docs/OPTIONS.md holds SpecConfig's and SuffixOptions' tables as their declarations make them
+    (`python -m spekula.options` rewrites them), every flag in its table."""
+    from pathlib import Path
+
+    from spekula.options import OPTION_TABLES
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "OPTIONS.md"
+    copy = tmp_path / "OPTIONS.md"
+    copy.write_text(docs.read_text())
+    assert not write_tables(copy, OPTION_TABLES), "run: .venv/bin/python -m spekula.options"
+    for cls in OPTION_TABLES.values():
+        table = markdown_table(cls)
+        assert all(f"| `{meta.flag}` |" in table for _, meta, _ in knobs(cls)) and table in docs.read_text()
+
+
 def test_open_bounds_and_flags_given_only():
     @dataclass(frozen=True)
     class Odds:

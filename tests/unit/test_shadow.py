@@ -35,8 +35,9 @@ def test_shadows_that_pass_make_a_class_the_prior_would_not_try_pay():
     for _ in range(3):  # the target went on to emit what the suffix match would have drafted
         ctl.observe_shadow(3, 3, match_class(2))
     assert ctl.choose_k(100, 0, match_class(2)) >= 2 and ctl.reason.startswith("speculate")
-    # the engine-wide rates of the class learnt it too (slowly): a new request starts from them
-    assert costs.prior_acceptance(match_class(2))[0] > base_acceptance(match_class(2))[0] + 0.1
+    # the engine-wide rates of the class learnt it too (slowly, one request's n-th draft of a class counting 1/n):
+    # a new request starts from them
+    assert costs.prior_acceptance(match_class(2))[0] > base_acceptance(match_class(2))[0] + 0.05
     failing = AdaptiveK(llamacpp_avx512(), k_max=16)
     for _ in range(3):
         failing.observe_shadow(3, 0, match_class(2))
