@@ -338,6 +338,41 @@ class CostModel:
             return self._best_k_alone(outlooks[0])
         return self._best_ks_greedy(outlooks)
 
+    def best_ks_ragged(self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]) -> tuple[list[int], float]:
+        """best_ks for a runtime that runs a batched pass as passes taking as many rows of each sequence
+        (Capabilities.equal_rows_per_pass: llama.cpp's KV streams in exact mode): every sequence's first row
+        goes in one pass of B rows, and a draft's k rows in a pass of their own, T(k) more. Each sequence's best
+        draft is the k with the most expected extra tokens per second of its own pass; drafts join, best first,
+        while they raise the round's tokens per second. Returns the ks and the round's predicted speedup over
+        the B plain rows alone."""
+        B = len(outlooks)
+        if B == 0:
+            return [], 1.0
+        seconds = plain = self.target_cost(B)
+        tokens = float(B)
+        offers = []  # (extra tokens per second, sequence, k, extra tokens, extra seconds)
+        for i, outlook in enumerate(outlooks):
+            if outlook is None or outlook[1] <= 0:
+                continue
+            alpha, cap = outlook
+            best = max(
+                (
+                    ((expected_tokens(alpha, k) - 1.0) / cost, k, cost)
+                    for k in range(1, cap + 1)
+                    for cost in [self.target_cost(k) + k * self.draft_s_per_token]
+                ),
+                default=None,
+            )
+            if best is not None:
+                rate, k, cost = best
+                offers.append((rate, i, k, rate * cost, cost))
+        ks = [0] * B
+        for _, i, k, gain, cost in sorted(offers, reverse=True):
+            if (tokens + gain) / (seconds + cost) <= tokens / seconds:
+                break
+            tokens, seconds, ks[i] = tokens + gain, seconds + cost, k
+        return ks, (tokens / seconds) / (B / plain)
+
     def _best_ks_greedy(
         self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]
     ) -> tuple[list[int], float]:

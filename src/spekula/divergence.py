@@ -180,8 +180,8 @@ def guarantee(target: Any, shared: bool = False) -> Guarantee:
         return Guarantee(
             BIT_IDENTICAL,
             "bit-identical to plain decoding on this runtime: exact mode scores a block in passes of at most "
-            f"{width} tokens, whose logits equal one-token passes bit for bit (the width checked at load), and gives "
-            "each request its own context",
+            f"{width} tokens, whose logits equal one-token passes bit for bit (the width checked at load), and keeps "
+            "each request's cache in a KV stream of its own, so batched requests get the bits they get alone",
             width,
         )
     passes = "a verified block, a batch of requests or a kept prompt's cache" if shared else "a verified block"

@@ -66,10 +66,10 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
         default=BackendConfig().exact,
         help="llama.cpp: score a block of tokens bit for bit as one token at a time, so greedy speculative output "
         "equals plain decoding in this mode: flash attention, a Q8_0 K cache (llama.cpp's -fa on -ctk q8_0), blocks "
-        "of up to 17 tokens a pass on the project's build, and a server gives each request its own context (no "
-        "batching); its cost: docs/BENCHMARKS.md, --exact. --no-exact: llama.cpp's default kernels and a shared, "
-        "batching context, where near-ties in the target's top two logits can flip (default: on; the other "
-        "runtimes ignore it)",
+        "of up to 17 tokens a pass on the project's build, and a server batches requests in passes that narrow, "
+        "each request in a KV stream of its own; its cost: docs/BENCHMARKS.md, --exact. --no-exact: llama.cpp's "
+        "default kernels and one cell pool, where near-ties in the target's top two logits can flip (default: on; "
+        "the other runtimes ignore it)",
     )
     p.add_argument(
         "--backend",

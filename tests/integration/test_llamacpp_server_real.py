@@ -208,8 +208,8 @@ def _complete(url: str, prompt: str, **sampling) -> dict:
 
 
 def test_by_default_concurrent_and_sequential_greedy_requests_get_the_same_texts(spekula_serve):
-    """Exact mode is the default: each request its own context, its verified blocks the same bits as one-token
-    passes, so what else the server runs cannot change a greedy answer (issue #35)."""
+    """Exact mode is the default: each request in a KV stream of its own, batched in passes where every row gets the
+    bits it gets alone, so what else the server runs cannot change a greedy answer (issue #35)."""
     from concurrent.futures import ThreadPoolExecutor
 
     starts = ("def median(values):", "The capital of France", "Once upon a time", "import numpy as np\nx = np.")

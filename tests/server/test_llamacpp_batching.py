@@ -131,21 +131,80 @@ def test_forward_batch_refuses_what_it_cannot_run(batched):
         b.release()
 
 
-def test_parallel_is_validated_and_exact_mode_keeps_sequences_apart():
+def test_parallel_is_validated():
     with pytest.raises(ConfigError, match="parallel"):
         BackendConfig(parallel=0)
-    exact, _ = load_model("smollm2-135m", BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=4))
-    assert not exact.capabilities.batching and exact.capabilities.block_invariant and exact._shared is None
-    # every running request's own context is made at load, so a full server's memory is there from the start
-    assert len(exact._pool) == 4
-    made = []
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(model):
+    """Exact mode with parallel > 1: one shared context with a KV stream per sequence. Steps of four sequences
+    (1 to 4 rows each, some rolled back as rejected drafts are, the first with the prompt's last tokens folded in)
+    go through one llama_decode each, and every row's logits equal, bit for bit, what the same sequence gets alone
+    in a context of its own (a solo exact backend). On Qwen's Q4_K_M the weights take llama.cpp's repacked kernels.
+    (In one cell pool, kv_unified, the rollbacks put a sequence's cells out of position order and some rows differ:
+    docs/decisions/0011-exact-batching.md.)"""
+    import random
+
+    config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=4, context_length=512)
+    backend, _ = load_model(model, config)
+    caps = backend.capabilities
+    assert caps.batching and caps.block_invariant and caps.prefill_alone and not caps.shares_prefix
+    assert backend._shared is not None and backend.exact_width >= 15
+    solo, _ = load_model(model, BackendConfig(runtime="llamacpp", threads=2, exact=True, context_length=512))
+    rng, vocab = random.Random(0), backend.vocab_size
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(n)] for n in (40, 75, 130, 210)]
+    rounds = [[(rng.randint(1, 4), rng.randint(0, 3) if r % 3 == 2 else 0) for _ in prompts] for r in range(12)]
+    stream = [[rng.randrange(100, vocab - 100) for _ in range(200)] for _ in prompts]
+
+    def replay(sequences: dict, forward) -> dict:
+        """Prefill each prompt but its last 10 tokens, fold those into the first step, then the rounds; per
+        sequence, its logits at every round."""
+        for i, seq in sequences.items():
+            seq.prefill(prompts[i][:-10])
+        out, used = {i: [] for i in sequences}, dict.fromkeys(sequences, 0)
+        for r, plan in enumerate(rounds):
+            blocks, wanted = {}, {}
+            for i in sequences:
+                n = plan[i][0]
+                blocks[i] = (prompts[i][-10:] if r == 0 else []) + stream[i][used[i] : used[i] + n]
+                wanted[i], used[i] = n, used[i] + n
+            for i, logits in forward(blocks, wanted).items():
+                out[i].append(logits)
+            for i, seq in sequences.items():
+                n, back = plan[i]
+                if back:
+                    seq.truncate(seq.length - min(back, n))
+                    used[i] -= min(back, n)
+        return out
+
+    together = {i: backend.new_sequence() for i in range(len(prompts))}
+    assert all(seq.context is backend._shared for seq in together.values())
+
+    def forward_batch(blocks, wanted):
+        order = list(blocks)
+        got = backend.forward_batch(
+            [together[i] for i in order], [blocks[i] for i in order], [wanted[i] for i in order]
+        )
+        return dict(zip(order, got, strict=True))
+
+    calls = []
+    decode = backend._shared.ctx.decode
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exact, "_new_context", lambda *a, **k: made.append(a))
-        running = [exact.new_sequence() for _ in range(4)]
-        assert made == [] and len({id(seq.context) for seq in running}) == 4
-        for seq in running:
-            seq.release()
-    assert len(exact._pool) == 4
+        patch.setattr(backend._shared.ctx, "decode", lambda batch: calls.append(batch.batch.n_tokens) or decode(batch))
+        batched = replay(together, forward_batch)
+    # four prefills, then the first step: each prompt's folded tail in a call of its own, then every row in one;
+    # then every step is one call of all four sequences' rows
+    assert calls[4:8] == [10] * 4 and calls[8:] == [sum(n for n, _ in plan) for plan in rounds]
+    # llama.cpp cannot tag one stream's cells with another's sequence id (it aborts): nothing is shared
+    assert not backend.share_prefix(together[0], backend.new_sequence(), 20)
+    for i in range(len(prompts)):
+        alone = solo.new_sequence()
+        mine = replay(
+            {i: alone}, lambda blocks, wanted, alone=alone: {j: alone.forward(b, wanted[j]) for j, b in blocks.items()}
+        )
+        assert all(torch.equal(a, b) for a, b in zip(mine[i], batched[i], strict=True)), f"sequence {i}"
+        alone.release()
 
 
 @pytest.mark.parametrize("k", [0, 3, None])
@@ -185,6 +244,37 @@ def test_the_server_batches_concurrent_requests_on_llamacpp(k):
             assert log.text(name) == pipe.generate(prompt_ids, SamplingParams(), stop, plain=True).text, name
     if k is not None:  # k = 3 drafts from the prompts' own text; plain never (--k auto: as the costs say)
         assert (drafted > 0) == (k == 3)
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_in_exact_mode_the_server_batches_steps_and_every_text_is_plain_decoding_s(model):
+    """Exact mode (the default) with four greedy requests at once and --k auto: the steps of all four go through
+    one pass, and every text is the one plain decoding of the same target gives alone, bit for bit, whatever the
+    rounds and the drafts were."""
+    config = BackendConfig(runtime="llamacpp", threads=2, parallel=5, context_length=512, exact=True)
+    pipe = Pipeline.load(model, "suffix", SpecConfig(k=None), config)
+    calls: list[int] = []
+    forward_batch = pipe.target.forward_batch
+
+    def counted(sequences, *args, **kwargs):
+        calls.append(len(sequences))
+        return forward_batch(sequences, *args, **kwargs)
+
+    pipe.target.forward_batch = counted
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=4, max_queue=8, prefill_chunk=64)
+    assert scheduler.batching and not scheduler._batch_prefill
+    log = Log(scheduler)
+    prompts = {**PROMPTS, "list": PROMPTS["code"] + "    return a - b\n\ndef mul(a, b):\n"}  # the code prompt's start
+    ids = {name: pipe.codec.encode(prompt) for name, prompt in prompts.items()}
+    for name, prompt_ids in ids.items():
+        scheduler.submit(log.job(name, prompt_ids, 32))
+    log.run()
+    assert calls.count(4) >= 10  # the steps of all four, each in one pass
+    stop = StopConfig(max_tokens=32, ignore_eos=True)
+    for name, prompt_ids in ids.items():
+        finished = log.of(name)[-1][1]
+        assert isinstance(finished, Finished) and finished.stats.output_tokens == 32, name
+        assert log.text(name) == pipe.generate(prompt_ids, SamplingParams(), stop, plain=True).text, name
 
 
 def test_a_sequence_shares_another_s_prefix_without_computing_it(batched):

@@ -359,6 +359,24 @@ def test_one_sequence_is_a_batch_of_one():
     assert all(c.tokens_per_s(0.8, k) >= c.tokens_per_s(0.8, j) for j in range(9))
 
 
+def test_a_ragged_round_prices_each_draft_as_a_pass_of_its_own_rows():
+    """llama.cpp's KV streams (exact mode) run a batched pass as a pass of every sequence's first row plus one of
+    each draft's rows (best_ks_ragged). On its measured costs (ms: 1 row 57, 4 rows 103, 16 rows 255) four plain
+    rows cost 1.8 one-row passes, so a draft must win back a pass of its own rows against that rate: a request
+    that copies (every token accepted) drafts beside three that do not, and nobody drafts where nothing passes."""
+    costs = CostModel(target_s={1: 0.057, 2: 0.092, 3: 0.114, 4: 0.103, 5: 0.136, 8: 0.175, 16: 0.255}, frozen=True)
+    copying, failing = ([1.0] * 4, 16), ([0.3] * 4, 16)
+    ks, speedup = costs.best_ks_ragged([copying, failing, failing, None])
+    assert ks[0] >= 8 and ks[1:] == [0, 0, 0] and speedup > 1.3
+    tokens, seconds = 4 + ks[0], costs.target_cost(4) + costs.target_cost(ks[0])
+    assert speedup == pytest.approx((tokens / seconds) / (4 / costs.target_cost(4)))
+    assert costs.best_ks_ragged([failing] * 4) == ([0, 0, 0, 0], 1.0)
+    assert costs.best_ks_ragged([None, None]) == ([0, 0], 1.0) and costs.best_ks_ragged([]) == ([], 1.0)
+    # alone, a 0.75 acceptance pays (a 4-row pass for 1.8 more tokens); beside three plain rows it does not
+    middling = ([0.75] * 4, 16)
+    assert costs.best_k(*middling)[0] > 0 and costs.best_ks_ragged([middling, None, None, None])[0] == [0] * 4
+
+
 def test_ties_go_to_the_longer_draft():
     flat = CostModel(target_s={1: 1.0, 9: 1.0}, frozen=True)  # every width costs one plain pass, drafts are free
     assert flat.best_k(0.0, k_max=8) == (8, 1.0)  # nothing is ever accepted: every k is worth plain decoding

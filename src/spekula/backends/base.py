@@ -29,6 +29,14 @@ class Capabilities:
     # Sequence.park moves a kept sequence's cache into host memory, freeing what it held in the runtime (its cells
     # and sequence id, or its context): a server can keep several finished conversations at little cost
     parks: bool = False
+    # A prompt's prefill chunks go through Sequence.prefill, in passes of their own, never beside other sequences'
+    # rows: in llama.cpp's exact mode a pass's kernels depend on its rows, so a chunk batched with others would
+    # hold other bits than the same chunk alone (a batching server then batches its steps only)
+    prefill_alone: bool = False
+    # A batched pass runs as passes that each take as many rows of every sequence in them (llama.cpp's KV streams in
+    # exact mode), so sequences with other row counts cost a pass each: the pass's cost is not that of its total
+    # rows, and a batching server prices a round as one pass of the first rows plus one per draft (best_ks_ragged)
+    equal_rows_per_pass: bool = False
 
 
 class Sequence(ABC):

@@ -31,11 +31,15 @@ are closed:
   same bits however it was chunked (a narrower pass takes vec_dot, as a verified block does).
 `_widest_exact_block` checks at load which block width is exact on this GGUF and this build (a GGUF with
 other weight types, or an unpatched build, may allow less), and a wider block is scored in pieces of that
-width, each piece reading the KV cache the previous one wrote. A shared context would let other sequences'
-passes change where a sequence's KV cells lie and so the order attention sums them in, so exact mode gives
-every sequence its own context (no batching), all `parallel` of them made at load. The record behind these
-settings: docs/decisions/0009-exact-kernels.md (and scripts/experiments/exact_kernels.py, which finds the
-exact widths of each setting).
+width, each piece reading the KV cache the previous one wrote.
+- batching: in one cell pool, other sequences' passes and rollbacks change where a sequence's KV cells lie and
+  so the order attention sums them in. Exact mode's shared context gives every sequence a KV stream of its own
+  (llama.cpp's kv_unified = false), whose cells stay in position order, so a row scored beside other sequences'
+  rows in a call of at most the exact width gets the bits it gets alone (`_decode`; docs/decisions/
+  0011-exact-batching.md), and forward_batch scores every running request's step in one pass. Prefill chunks
+  still go alone (Capabilities.prefill_alone): a chunk's kernels depend on its rows.
+The record behind these settings: docs/decisions/0009-exact-kernels.md (and scripts/experiments/
+exact_kernels.py, which finds the exact widths of each setting).
 
 Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`, `LlamaContext`,
 `LlamaBatch`), pinned to the version in requirements/base.txt.
@@ -101,7 +105,7 @@ class LlamaCppBackend(Backend):
         self.name = name or self.gguf_path.stem
         self.threads = config.threads or os.cpu_count() or 1
         self.exact = config.exact
-        self.parallel = 1 if self.exact else config.parallel  # sequences sharing one context (see the docstring)
+        self.parallel = config.parallel  # sequences sharing one context (see the docstring)
         # one attention kernel for all of this backend's contexts, so a sequence's logits do not depend on
         # which context it got
         self.flash_attention = self.exact or (self.parallel > 1 and SHARED_FLASH_ATTENTION)
@@ -122,19 +126,22 @@ class LlamaCppBackend(Backend):
             self._shared = self._new_context(context_length * self.parallel, sequences=self.parallel)
             self.context_length = min(context_length, int(self._shared.ctx.n_ctx()) // self.parallel)
             self._free_ids = list(range(self.parallel - 1, -1, -1))
-            self.capabilities = replace(type(self).capabilities, batching=True, shares_prefix=True)
+            # exact mode: one KV stream per sequence (_new_context), which llama.cpp does not tag across
+            self.capabilities = replace(
+                type(self).capabilities,
+                batching=True,
+                shares_prefix=not self.exact,
+                prefill_alone=self.exact,
+                equal_rows_per_pass=self.exact,
+            )
         else:
             probe = self._new_context(context_length)
             self.context_length = min(context_length, int(probe.ctx.n_ctx()))
             self._pool.append(probe)
-            # A server in exact mode (parallel: one per running request) gets every running request's context
-            # now, as the shared context is allocated whole (and llama-server allocates every slot's KV cache
-            # at start): its memory does not grow with load, and a full server has it all.
-            self._pool += [self._new_context(self.context_length) for _ in range(config.parallel - 1)]
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
         if self.exact:
             self.exact_width = self._widest_exact_block()
-            self.capabilities = replace(type(self).capabilities, block_invariant=True)
+            self.capabilities = replace(self.capabilities, block_invariant=True)
 
     def _new_context(self, n_ctx: int, sequences: int = 1) -> _Context:
         import llama_cpp
@@ -144,7 +151,10 @@ class LlamaCppBackend(Backend):
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = N_BATCH
         params.n_seq_max = sequences
-        params.kv_unified = True  # one cell pool: a pass over several sequences is one ubatch, whatever their widths
+        # One cell pool: a pass over several sequences is one ubatch, whatever their widths. Exact mode gives each
+        # sequence a stream of its own instead, so that its cells lie in position order whatever the others do
+        # (the module docstring).
+        params.kv_unified = sequences == 1 or not self.exact
         params.n_threads = params.n_threads_batch = self.threads
         if self.exact:
             params.type_k = llama_cpp.GGML_TYPE_Q8_0  # no split-KV path for one query (see the docstring)
@@ -193,7 +203,11 @@ class LlamaCppBackend(Backend):
     def new_sequence(self) -> LlamaCppSequence:
         if self._free_ids:
             assert self._shared is not None  # free ids are the shared context's
-            return LlamaCppSequence(self, self._shared, self._free_ids.pop())
+            # the lowest free id: in exact mode llama.cpp puts only consecutive ids in one ubatch (_decode), so
+            # the running sequences are kept to the lowest ids, which a new request's fills as others finish
+            lowest = min(self._free_ids)
+            self._free_ids.remove(lowest)
+            return LlamaCppSequence(self, self._shared, lowest)
         context = self._pool.pop() if self._pool else self._new_context(self.context_length)
         return LlamaCppSequence(self, context, 0)
 
@@ -205,6 +219,8 @@ class LlamaCppBackend(Backend):
         tagged with target's sequence id too (llama.cpp's memory_seq_cp on a unified cache: no copy, no
         compute); they stay target's after source rolls back or is released."""
         shared = self._shared
+        if not self.capabilities.shares_prefix:  # exact mode's KV streams: llama.cpp cannot tag across them
+            return False
         if shared is None or not isinstance(source, LlamaCppSequence) or not isinstance(target, LlamaCppSequence):
             return False
         if source.context is not shared or target.context is not shared:
@@ -257,18 +273,31 @@ class LlamaCppBackend(Backend):
 
     def _decode(self, context: _Context, blocks: list[_Block]) -> list[torch.Tensor]:
         """Append every block to its sequence's cache in `context`, in llama_decode calls of at most
-        N_BATCH tokens; the logits each block asked for, in its order. In exact mode a lone block's
-        rows that want logits (the pending token and the draft) go in calls of the exact width, after
-        one call for the rows before them (the prompt's last tokens, which plain and speculative
-        decoding prefill alike); a prefill chunk's (not scored) are not split off."""
-        rows = [
-            (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
+        N_BATCH tokens; the logits each block asked for, in its order. In exact mode the rows that want
+        logits (each block's pending token and draft) go in calls of at most the exact width, packed across
+        sequences, after calls of each block's own for the rows before them (the prompt's last tokens, which
+        plain and speculative decoding prefill alike); a prefill chunk's (not scored) are not split off. A call
+        that narrow scores every row as a pass of that row alone would (vec_dot, and flash attention's one-row
+        kernel over the row's own KV stream), whichever sequences share it."""
+        by_block = [
+            [
+                (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
+                for i, token in enumerate(block.ids)
+            ]
             for b, block in enumerate(blocks)
-            for i, token in enumerate(block.ids)
         ]
-        exact_tail = len(blocks) == 1 and blocks[0].scored and self.exact_width < N_BATCH
-        head = len(rows) - blocks[0].wanted if exact_tail else len(rows)
-        calls = _pieces(rows[:head], N_BATCH) + _pieces(rows[head:], self.exact_width)
+        if self.exact_width < N_BATCH:  # exact mode, past the load-time check
+            calls, scored = [], []
+            for block, rows in zip(blocks, by_block, strict=True):
+                head = len(rows) - block.wanted if block.scored else len(rows)
+                calls += _pieces(rows[:head], N_BATCH)  # this sequence's alone, as plain decoding prefills them
+                scored += rows[head:]
+            # every sequence's scored rows, packed, by sequence id: with a KV stream per sequence llama.cpp puts a
+            # run of consecutive ids in one ubatch (and takes as many rows of each; llama_batch_allocr::split_equal)
+            scored.sort(key=lambda row: row[2])
+            calls += _pieces(scored, self.exact_width)
+        else:
+            calls = _pieces([row for rows in by_block for row in rows], N_BATCH)
         out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
         filled = [0] * len(blocks)
         batch, vocab = context.batch, self.vocab_size
@@ -374,8 +403,8 @@ class LlamaCppSequence(Sequence):
         cache in RAM does), then free what it held: in the shared context its cells and sequence id (a
         finished request's cells left there would be read past by every later pass of the others, as
         llama.cpp builds each pass's attention mask over every cell in use: `scripts/experiments/
-        parked_caches.py` measures it); a context of its own (exact mode) goes back to the pool, so kept
-        conversations hold host memory (their tokens' K and V) rather than a context each."""
+        parked_caches.py` measures it); a context of its own goes back to the pool. Kept conversations then
+        hold host memory (their tokens' K and V) rather than cells or a context each."""
         import llama_cpp
 
         if self.released or self.parked or not self.tokens:

@@ -7,9 +7,9 @@
   k + 1 tokens), the same way for one request as for many: every request drafts (Generation.plan),
   the target scores the blocks (score), then each accepts and advances (Generation.complete). With
   a backend that batches (`capabilities.batching`: the native runner, and llama.cpp with
-  BackendConfig.parallel > 1) the score is ONE forward over every block: continuous batching;
-  otherwise (transformers, llama.cpp in exact mode) the blocks are scored one after another. A lone
-  request is a batch of one.
+  BackendConfig.parallel > 1, exact mode included) the score is ONE forward over every block: continuous
+  batching; otherwise (transformers) the blocks are scored one after another. A lone request is a batch
+  of one.
 - Prompts are prefilled in chunks: each round spends at most `prefill_chunk` prompt tokens (shared by
   every request still prefilling, earliest virtual finish first: see Scheduler._prefill), so running
   requests keep decoding while a long prompt prefills, and a request whose client left mid-prefill is
@@ -18,9 +18,10 @@
   (Generation.fold), as llama.cpp's server puts prompt and decode rows in one batch. Batched, the
   round's other chunks ride in that pass too (up to PREFILL_BATCH_TOKENS prompt tokens): beside a
   chunk's rows a decode row costs little, so the requests decoding take a step during every chunk
-  instead of waiting for it (unbatched, or past that size, the chunks run first, in passes of their
-  own). While requests decode, chunks that leave a prompt unfinished get at most prefill_share of the
-  worker's time (a third by default; the requests decoding are nearer their end: Scheduler._prefill).
+  instead of waiting for it (unbatched, past that size, or where the runtime prefills alone to stay
+  exact, Capabilities.prefill_alone, the chunks run first, in passes of their own). While requests
+  decode, chunks that leave a prompt unfinished get at most prefill_share of the worker's time (a third
+  by default; the requests decoding are nearer their end: Scheduler._prefill).
   prefill_chunk = 0: every prompt whole, in the round it was admitted.
 - A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
   in that round: its last text and its end go out, its caches and slot are freed, before the next
@@ -171,6 +172,9 @@ class Scheduler:
         self._prefilled = 0  # prompt tokens prefilled so far: the clock prefill order is kept by (_prefill)
         self._thread = threading.Thread(target=self._work, name="spekula-scheduler", daemon=True)
         self.batching = pipeline.target.capabilities.batching and max_running > 1
+        # prefill chunks batched too (with each other and riding in the steps' pass), unless the runtime must
+        # prefill alone to stay exact (llama.cpp's exact mode: Capabilities.prefill_alone)
+        self._batch_prefill = self.batching and not pipeline.target.capabilities.prefill_alone
         engine = pipeline.engine
         # a prompt may wait for a request ahead of it to prefill their common start, then borrow it (_awaits)
         self._borrows = self.batching and pipeline.target.capabilities.shares_prefix and engine.prompt_cache.enabled
@@ -179,7 +183,12 @@ class Scheduler:
             # where the runtime can): a conversation's next turn, or a prompt that shares an earlier one's
             # instructions, starts from it even when other requests finished in between
             engine.prompt_cache.max_kept = max(engine.prompt_cache.max_kept, max_running)
-        self._batch_k = self.batching and engine.proposer is not None and engine.spec.k is None
+        caps = pipeline.target.capabilities
+        chooses = self.batching and engine.proposer is not None and engine.spec.k is None
+        # a round's ks chosen together: priced by the pass's rows, or, where a pass takes as many rows of each
+        # sequence (Capabilities.equal_rows_per_pass), as the plain rows' pass plus one of each draft's rows
+        self._batch_k = chooses and not caps.equal_rows_per_pass
+        self._ragged_k = chooses and caps.equal_rows_per_pass
         if self._batch_k:  # pass costs up to the widest batch, before any request
             rows = max_running * (engine.spec.k_max + 1)
             log.info("measuring target passes of up to %d rows (batches of %d) for --k auto", rows, max_running)
@@ -329,7 +338,7 @@ class Scheduler:
         self.rounds += 1
         chunks, waited = self._prefill([job for job in self._running if not job.generation.ready])
         riders: list[tuple[Job, PrefillChunk]] = []
-        if chunks and self.batching and sum(len(c.tokens) for _, c in chunks) <= PREFILL_BATCH_TOKENS:
+        if chunks and self._batch_prefill and sum(len(c.tokens) for _, c in chunks) <= PREFILL_BATCH_TOKENS:
             riders = chunks
         else:
             self._run_chunks(chunks, waited)
@@ -516,7 +525,7 @@ class Scheduler:
         if not chunks:
             return
         started = time.perf_counter()
-        if self.batching:
+        if self._batch_prefill:
             self._prefill_together(chunks)
         else:
             for job, chunk in chunks:
@@ -564,9 +573,11 @@ class Scheduler:
         two or more (None: each request's own controller, as for a batch of one, a backend that does
         not batch, or a fixed --k). A request whose `spec` fixed its k keeps it: it is left out."""
         decoding = [job for job in self._running if job.generation.ready and not _fixed_k(job)]
-        if not self._batch_k or len(decoding) < 2:
+        if not (self._batch_k or self._ragged_k) or len(decoding) < 2:
             return None
-        ks, speedup = self.pipeline.engine.costs.best_ks([self._outlook(job) for job in decoding])
+        outlooks = [self._outlook(job) for job in decoding]
+        costs = self.pipeline.engine.costs
+        ks, speedup = costs.best_ks(outlooks) if self._batch_k else costs.best_ks_ragged(outlooks)
         for job in decoding:
             job.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
         return dict(zip(decoding, ks, strict=True))
