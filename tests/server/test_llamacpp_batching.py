@@ -207,6 +207,20 @@ def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(mode
         alone.release()
 
 
+def _counting_scheduler(pipe: Pipeline) -> tuple[Scheduler, list[int]]:
+    """A scheduler of up to four running requests over pipe, and the sequences in each of its target's batched
+    forwards, as they happen."""
+    calls: list[int] = []
+    forward_batch = pipe.target.forward_batch
+
+    def counted(sequences, *args, **kwargs):
+        calls.append(len(sequences))
+        return forward_batch(sequences, *args, **kwargs)
+
+    pipe.target.forward_batch = counted
+    return Scheduler(pipe, ServerMetrics(), max_running=4, max_queue=8, prefill_chunk=64), calls
+
+
 @pytest.mark.parametrize("k", [0, 3, None])
 def test_the_server_batches_concurrent_requests_on_llamacpp(k):
     """Four greedy requests at once through the scheduler (plain, suffix drafting with k = 3, and --k
@@ -218,15 +232,7 @@ def test_the_server_batches_concurrent_requests_on_llamacpp(k):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", True)
         pipe = Pipeline.load("smollm2-135m", "suffix", SpecConfig(k=k), llama(5))
-    calls: list[int] = []
-    forward_batch = pipe.target.forward_batch
-
-    def counted(sequences, *args, **kwargs):
-        calls.append(len(sequences))
-        return forward_batch(sequences, *args, **kwargs)
-
-    pipe.target.forward_batch = counted
-    scheduler = Scheduler(pipe, ServerMetrics(), max_running=4, max_queue=8, prefill_chunk=64)
+    scheduler, calls = _counting_scheduler(pipe)
     assert scheduler.batching
     log = Log(scheduler)
     ids = {name: pipe.codec.encode(prompt) for name, prompt in PROMPTS.items()}
@@ -252,16 +258,8 @@ def test_in_exact_mode_the_server_batches_steps_and_every_text_is_plain_decoding
     one pass, and every text is the one plain decoding of the same target gives alone, bit for bit, whatever the
     rounds and the drafts were."""
     config = BackendConfig(runtime="llamacpp", threads=2, parallel=5, context_length=512, exact=True)
-    pipe = Pipeline.load(model, "suffix", SpecConfig(k=None), config)
-    calls: list[int] = []
-    forward_batch = pipe.target.forward_batch
-
-    def counted(sequences, *args, **kwargs):
-        calls.append(len(sequences))
-        return forward_batch(sequences, *args, **kwargs)
-
-    pipe.target.forward_batch = counted
-    scheduler = Scheduler(pipe, ServerMetrics(), max_running=4, max_queue=8, prefill_chunk=64)
+    scheduler, calls = _counting_scheduler(Pipeline.load(model, "suffix", SpecConfig(k=None), config))
+    pipe = scheduler.pipeline
     assert scheduler.batching and not scheduler._batch_prefill
     log = Log(scheduler)
     prompts = {**PROMPTS, "list": PROMPTS["code"] + "    return a - b\n\ndef mul(a, b):\n"}  # the code prompt's start
