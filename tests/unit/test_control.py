@@ -60,7 +60,7 @@ def test_slow_start_caps_a_new_requests_drafts_where_a_wide_pass_is_dear():
         k = ctl.choose_k()
         ctl.observe(k, k, k, 0.0, dear.target_cost(k + 1))
         ks.append(k)
-    assert ks == [3, 7, 8, 8]
+    assert ks[0] == 3 and all(k == min(2 * (before + 1) - 1, 8) for before, k in zip(ks, ks[1:], strict=False))
     # Packed fp32 weights and a llama.cpp draft: a fully rejected 8-token draft costs less than one
     # extra plain pass, so slow start changes nothing there.
     cheap = CostModel(target_s={1: 0.662, 2: 0.684, 5: 0.709, 9: 0.808}, draft_s_per_token=0.040, frozen=True)
