@@ -136,6 +136,19 @@ def test_parallel_is_validated():
         BackendConfig(parallel=0)
 
 
+def test_where_batched_passes_are_not_exact_exact_mode_steps_requests_one_at_a_time(monkeypatch):
+    """The load-time check that batched rows get their bits alone (LlamaCppBackend._batches_exactly) passes on this
+    build (the test below relies on it); where it fails, exact mode keeps its guarantee and gives up batching."""
+    config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=3, context_length=256)
+    checked, _ = load_model("smollm2-135m", config)
+    assert checked.capabilities.batching and checked._batches_exactly()
+    monkeypatch.setattr(llamacpp.LlamaCppBackend, "_batches_exactly", lambda self: False)
+    backend, _ = load_model("smollm2-135m", config)
+    assert not backend.capabilities.batching and backend.capabilities.block_invariant
+    seq = backend.new_sequence()
+    assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
+
+
 @pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(model):
     """Exact mode with parallel > 1: one shared context with a KV stream per sequence. Steps of four sequences

@@ -36,8 +36,9 @@ width, each piece reading the KV cache the previous one wrote.
   so the order attention sums them in. Exact mode's shared context gives every sequence a KV stream of its own
   (llama.cpp's kv_unified = false), whose cells stay in position order, so a row scored beside other sequences'
   rows in a call of at most the exact width gets the bits it gets alone (`_decode`; docs/decisions/
-  0011-exact-batching.md), and forward_batch scores every running request's step in one pass. Prefill chunks
-  still go alone (Capabilities.prefill_alone): a chunk's kernels depend on its rows.
+  0011-exact-batching.md), and forward_batch scores every running request's step in one pass; `_batches_exactly`
+  checks that at load, and where it fails the requests step one at a time. Prefill chunks still go alone
+  (Capabilities.prefill_alone): a chunk's kernels depend on its rows.
 The record behind these settings: docs/decisions/0009-exact-kernels.md (and scripts/experiments/
 exact_kernels.py, which finds the exact widths of each setting).
 
@@ -48,6 +49,7 @@ Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`,
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
@@ -65,6 +67,8 @@ from spekula.extras import needs_extra
 from spekula.limits import check_forward
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
+log = logging.getLogger("spekula.llamacpp")
+
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 # Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
 # pass reads 512 KV cells (llama.cpp pads the cells a pass reads to 256) and other kernel paths begin.
@@ -142,6 +146,10 @@ class LlamaCppBackend(Backend):
         if self.exact:
             self.exact_width = self._widest_exact_block()
             self.capabilities = replace(self.capabilities, block_invariant=True)
+            if self._shared is not None and not self._batches_exactly():
+                # every sequence's passes alone then, each in its own stream: exact, one request at a time
+                log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
+                self.capabilities = replace(self.capabilities, batching=False)
 
     def _new_context(self, n_ctx: int, sequences: int = 1) -> _Context:
         import llama_cpp
@@ -196,6 +204,26 @@ class LlamaCppBackend(Backend):
             return widest
         finally:
             seq.release()
+
+    def _batches_exactly(self) -> bool:
+        """Whether rows of three sequences of the shared context, 1, 3 and 2 of them, scored in one call of the exact
+        width get the bits each sequence's rows get in a call of their own (the module docstring: a KV stream per
+        sequence), on this GGUF and build, at load as the width is."""
+        tokens = [(self.vocab_size // 2 + 13 * i) % self.vocab_size for i in range(40)]
+        prompts, blocks = [tokens[:20], tokens[5:35], tokens[10:17]], [tokens[30:31], tokens[31:34], tokens[34:36]]
+        sequences = [self.new_sequence() for _ in prompts]
+        try:
+            for seq, prompt in zip(sequences, prompts, strict=True):
+                seq.prefill(prompt)
+            together = self.forward_batch(sequences, blocks)
+            for seq, prompt, block, logits in zip(sequences, prompts, blocks, together, strict=True):
+                seq.truncate(len(prompt))
+                if not torch.equal(seq.forward(block), logits):
+                    return False
+            return True
+        finally:
+            for seq in sequences:
+                seq.release()
 
     def single_pass_width(self) -> int | None:
         return self.exact_width if self.exact else None
