@@ -144,12 +144,17 @@ class LlamaCppBackend(Backend):
             self._pool.append(probe)
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
         if self.exact:
-            self.exact_width = self._widest_exact_block()
-            self.capabilities = replace(self.capabilities, block_invariant=True)
-            if self._shared is not None and not self._batches_exactly():
-                # every sequence's passes alone then, each in its own stream: exact, one request at a time
-                log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
-                self.capabilities = replace(self.capabilities, batching=False)
+            self._check_exact()
+
+    def _check_exact(self) -> None:
+        """Exact mode's checks at load: the widest exact block, then (with a shared context) whether rows of several
+        sequences batched in one call are exact too; where they are not, no batching."""
+        self.exact_width = self._widest_exact_block()
+        self.capabilities = replace(self.capabilities, block_invariant=True)
+        if self._shared is not None and not self._batches_exactly():
+            # every sequence's passes alone then, each in its own stream: exact, one request at a time
+            log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
+            self.capabilities = replace(self.capabilities, batching=False)
 
     def _new_context(self, n_ctx: int, sequences: int = 1) -> _Context:
         import llama_cpp
