@@ -350,22 +350,15 @@ class CostModel:
             return [], 1.0
         seconds = plain = self.target_cost(B)
         tokens = float(B)
-        offers = []  # (extra tokens per second, sequence, k, extra tokens, extra seconds)
+        offers = []  # (extra tokens per second, sequence, k, extra tokens, extra seconds): each sequence's best draft
         for i, outlook in enumerate(outlooks):
             if outlook is None or outlook[1] <= 0:
                 continue
             alpha, cap = outlook
-            best = max(
-                (
-                    ((expected_tokens(alpha, k) - 1.0) / cost, k, cost)
-                    for k in range(1, cap + 1)
-                    for cost in [self.target_cost(k) + k * self.draft_s_per_token]
-                ),
-                default=None,
-            )
-            if best is not None:
-                rate, k, cost = best
-                offers.append((rate, i, k, rate * cost, cost))
+            costs = [self.target_cost(k) + k * self.draft_s_per_token for k in range(1, cap + 1)]
+            gains = [expected_tokens(alpha, k) - 1.0 for k in range(1, cap + 1)]
+            best = max(range(cap), key=lambda j: (gains[j] / costs[j], j))  # ties to the longer draft
+            offers.append((gains[best] / costs[best], i, best + 1, gains[best], costs[best]))
         ks = [0] * B
         for _, i, k, gain, cost in sorted(offers, reverse=True):
             if (tokens + gain) / (seconds + cost) <= tokens / seconds:

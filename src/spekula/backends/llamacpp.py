@@ -129,7 +129,7 @@ class LlamaCppBackend(Backend):
             # Each sequence may hold context_length tokens, all at once: the KV cache never runs out.
             self._shared = self._new_context(context_length * self.parallel, sequences=self.parallel)
             self.context_length = min(context_length, int(self._shared.ctx.n_ctx()) // self.parallel)
-            self._free_ids = list(range(self.parallel - 1, -1, -1))
+            self._free_ids = list(range(self.parallel))  # new_sequence takes the lowest
             # exact mode: one KV stream per sequence (_new_context), which llama.cpp does not tag across
             self.capabilities = replace(
                 type(self).capabilities,
