@@ -369,7 +369,9 @@ class Generation:
         """The next piece of the prompt for the target, at most `budget` tokens (None: all that are
         left), as a pass to run: alone (chunk.run()) or with other requests' chunks in one batched
         forward; then call prefilled(). The first call opens the caches and starts the request's clock.
-        A chunk may be empty (a one-token prompt: nothing to prefill)."""
+        A chunk may be empty (a one-token prompt: nothing to prefill). On a runtime whose prompt rows hold the
+        same bits only in passes of Capabilities.prefill_min_rows or more, a chunk has at least that many rows
+        and leaves none or at least that many (more than `budget`, where the budget is smaller)."""
         if budget is not None and budget < 1:
             raise ValueError(f"a prefill budget is at least 1 token (None: the whole prompt), got {budget}")
         if self._prefill.done:
@@ -379,8 +381,13 @@ class Generation:
         assert self.target_sequence is not None  # _open opened it
         # what a request running beside this one has prefilled of the same prompt (a server's batch)
         self.stats.cached_tokens += self.engine.prompt_cache.borrow(self.target_sequence, self._committed[:-1])
-        start = self.target_sequence.length
-        end = len(self.prompt_ids) - 1 if budget is None else min(start + budget, len(self.prompt_ids) - 1)
+        start, last = self.target_sequence.length, len(self.prompt_ids) - 1
+        end = last if budget is None else min(start + budget, last)
+        least = self.engine.target.capabilities.prefill_min_rows
+        if end < last and least > 1:  # no pass narrower than `least`, this one or the rest's (the docstring)
+            end = min(max(end, start + least), last)
+            if last - end < least:
+                end = last
         return PrefillChunk(self.target_sequence, self._committed[start:end])
 
     def prefilled(self) -> int:

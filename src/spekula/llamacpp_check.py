@@ -140,14 +140,33 @@ def _unusable_message(package: Path, verdict: Verdict, path: Path) -> str:
 
 def _built_for(package: Path) -> str:
     """spekula's build key when the record beside the library matches it, else what is known."""
+    record = build_record(package)
+    if record is None and not (package / "lib" / RECORD).is_file():
+        return "an unknown CPU (not built by spekula's `make`: pip's default build is -march=native)"
+    if record is None:
+        return "an unknown CPU (the library was replaced after spekula's build recorded it)"
+    return f"{record['key']} (spekula's build, AMX off)"
+
+
+def build_record(package: Path | None = None) -> dict | None:
+    """The record spekula's build wrote beside the installed library (llamacpp_build.install), or None when there
+    is none or the library is not the one it recorded (replaced since)."""
+    package = package or package_dir()
+    if package is None:
+        return None
     try:
         record = json.loads((package / "lib" / RECORD).read_text())
         lib = (package / "lib" / "libggml-cpu.so").read_bytes()
     except (OSError, ValueError):
-        return "an unknown CPU (not built by spekula's `make`: pip's default build is -march=native)"
-    if record.get("libggml_cpu") != hashlib.sha256(lib).hexdigest():
-        return "an unknown CPU (the library was replaced after spekula's build recorded it)"
-    return f"{record['key']} (spekula's build, AMX off)"
+        return None
+    return record if isinstance(record, dict) and record.get("libggml_cpu") == hashlib.sha256(lib).hexdigest() else None
+
+
+def installed_patches(package: Path | None = None) -> frozenset[str]:
+    """The patches (patches/llamacpp/ file names) the installed library was built with: none unless spekula's
+    build recorded it."""
+    record = build_record(package)
+    return frozenset(record.get("patches", ())) if record else frozenset()
 
 
 def _read(path: Path) -> Verdict | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spekula import llamacpp_check
+from spekula.backends.llamacpp import SPLIT_KV_PATCH
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.pipeline import load_model
@@ -168,6 +170,8 @@ def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens(qwen_exact, prom
     past position 255, flash attention's split-KV path for one query."""
     target, codec = qwen_exact
     assert target.capabilities.block_invariant
+    # on the project's build (with its split-KV patch) K stays F16, so past 255 the patched path is what is checked
+    assert target.exact_f16_k == (SPLIT_KV_PATCH in llamacpp_check.installed_patches())
     assert target.exact_width >= 2  # exact by scoring blocks of several tokens, not one token a pass
     ids = codec.encode(prompt)
     assert (len(ids) > 300) == (prompt is LONG_COPY_PROMPT)

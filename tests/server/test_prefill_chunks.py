@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -325,6 +326,25 @@ def test_generation_prefill_in_chunks(kind):
         engine().generate(ids, SamplingParams(), stop).prefill_chunk(0)
 
 
+def test_chunks_are_never_narrower_than_the_runtime_s_prefill_min_rows(monkeypatch):
+    """Where a prompt's rows hold the same bits only in passes of prefill_min_rows or more (llama.cpp's exact mode),
+    a chunk takes at least that many and leaves none or at least that many, more than its budget where it must; the
+    tokens decoded after it are a whole prefill's."""
+    pipe = native_pipeline(k=3, draft="other")
+    caps = replace(pipe.target.capabilities, prefill_min_rows=30)
+    monkeypatch.setattr(pipe.target, "capabilities", caps, raising=False)
+    ids = pipe.codec.encode(LONG[:100])
+    stop = StopConfig(max_tokens=8, ignore_eos=True)
+    whole = Engine(pipe.target, pipe.engine.proposer, pipe.spec).generate(ids, SamplingParams(), stop).run()
+    for budget, expected in [(40, [59, 0]), (10, [69, 39, 0]), (70, [0]), (99, [0])]:
+        gen = Engine(pipe.target, pipe.engine.proposer, pipe.spec).generate(ids, SamplingParams(), stop)
+        lefts = []
+        while not gen.prefill_done:
+            lefts.append(gen.prefill(budget))
+        assert lefts == expected, budget
+        assert gen.run().token_ids == whole.token_ids
+
+
 def test_the_options():
     """--prefill-chunk and --prefill-share (serve), and --context-length (every model command: a long prompt on
     llama.cpp needs it), which the draft's backend inherits."""
@@ -357,16 +377,23 @@ def test_the_options():
 @pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one(model):
     """llama.cpp in exact mode (the default): a prompt longer than one llama_decode (512 tokens) prefilled in
-    chunks of 256 or 100 gives the next-token logits of a whole prefill bit for bit, and the same greedy tokens
-    after it. On the Q4_K_M GGUF a chunk's last row computed alone (vec_dot, as a step's rows are) instead of in
+    chunks of 256, 100 or (as the engine widens them) 64 gives the next-token logits of a whole prefill bit for bit,
+    and the same greedy tokens after it. With K in F16 a pass under 64 rows takes flash attention's one-row kernel
+    where a wider one takes the tiled kernel: chunks of 37, or a last one of 60, held other bits. On the Q4_K_M GGUF a chunk's last row computed alone (vec_dot, as a step's rows are) instead of in
     its chunk's pass (ggml's tiled matmul from 32 rows) differed (LlamaCppSequence.prefill)."""
     import torch
 
     from spekula.pipeline import load_model
 
+    from spekula import llamacpp_check
+    from spekula.backends.llamacpp import SPLIT_KV_PATCH, TILED_ATTENTION_ROWS
+
     backend, codec = load_model(model, BackendConfig(runtime="llamacpp", threads=2, context_length=1024))
     ids = codec.encode(PASSAGE)
     assert len(ids) > 512 and backend.context_length == 1024  # --context-length reaches llama.cpp
+    # on the project's build K stays F16, and a prompt's rows then take flash attention's tiled kernel from 64 rows
+    if SPLIT_KV_PATCH in llamacpp_check.installed_patches():
+        assert backend.exact_f16_k and backend.capabilities.prefill_min_rows == TILED_ATTENTION_ROWS
 
     def run(chunk: int | None) -> tuple[torch.Tensor, list[int]]:  # a fresh engine: nothing kept (prompt_cache)
         gen = Engine(backend).generate(ids, SamplingParams(), StopConfig(max_tokens=6, ignore_eos=True))
@@ -377,7 +404,7 @@ def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one(model):
         return logits, gen.run().token_ids
 
     whole_logits, whole_tokens = run(None)
-    for chunk in (256, 100):
+    for chunk in (256, 100, 37, 1):  # the last two: chunks of prefill_min_rows, and a wider last one
         logits, tokens = run(chunk)
         assert torch.equal(logits, whole_logits) and tokens == whole_tokens, chunk
 

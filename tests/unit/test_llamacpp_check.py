@@ -3,6 +3,7 @@ kills spekula; the build in use is reported (spekula.llamacpp_check, `spekula do
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from importlib import metadata
@@ -86,6 +87,21 @@ def test_the_installed_build_is_reported_and_its_verdict_reused(tmp_path):
     record = Path(info.library) / "spekula-build.json"
     if record.exists():  # built by `make` (llamacpp_build install): the record names the key
         assert json.loads(record.read_text())["key"] in info.built_for
+
+
+def test_the_patches_are_read_from_a_record_that_matches_the_library(tmp_path):
+    """Exact mode keeps K in F16 only on a build with the split-KV patch (spekula.backends.llamacpp): the
+    record beside the library says which patches it was built with, and counts only for that library."""
+    package = fake_package(tmp_path, "")
+    assert llamacpp_check.installed_patches(package) == frozenset()  # no record: pip's own build
+    lib = (package / "lib" / "libggml-cpu.so").read_bytes()
+    record = {"key": "k", "patches": ["0001-a.patch", "0003-b.patch"], "libggml_cpu": hashlib.sha256(lib).hexdigest()}
+    (package / "lib" / "spekula-build.json").write_text(json.dumps(record))
+    assert llamacpp_check.installed_patches(package) == {"0001-a.patch", "0003-b.patch"}
+    assert "k (spekula's build" in llamacpp_check._built_for(package)
+    (package / "lib" / "libggml-cpu.so").write_bytes(b"another library")  # replaced after the build
+    assert llamacpp_check.installed_patches(package) == frozenset()
+    assert "replaced" in llamacpp_check._built_for(package)
 
 
 def test_the_backend_asks_before_it_imports_llama_cpp(tmp_path, monkeypatch):

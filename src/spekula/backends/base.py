@@ -37,6 +37,10 @@ class Capabilities:
     # exact mode), so sequences with other row counts cost a pass each: the pass's cost is not that of its total
     # rows, and a batching server prices a round as one pass of the first rows plus one per draft (best_ks_ragged)
     equal_rows_per_pass: bool = False
+    # A prompt's rows hold the same bits however the prompt was chunked only where every prefill pass has at least
+    # this many rows (llama.cpp's exact mode: below it other kernels take them); a prompt with fewer rows left goes in
+    # one pass. Generation.prefill_chunk sizes chunks by it. 1: any chunking.
+    prefill_min_rows: int = 1
 
 
 class Sequence(ABC):

@@ -21,14 +21,21 @@ are closed:
   kernel (another summation order) takes over only from 32 rows, past any verified block;
 - attention: llama.cpp's flash-attention kernel scores each query row alone (the default kernel
   multiplies a block's queries as a matrix), so it is on;
-- one query over 512 or more KV cells: flash attention then splits the cells between threads and merges
-  their partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a
-  one-token pass past position 255 differs from the same row in a block. Exact mode keeps K in Q8_0
-  (llama-server's `-ctk q8_0`), which that path does not take; plain decoding in exact mode is therefore
-  llama.cpp with `-fa on -ctk q8_0`.
-- a prefill chunk's rows go in passes of up to N_BATCH tokens, its last row not split off as a step's rows
-  are (LlamaCppSequence.prefill), so a prompt whose prefill passes all have 32 tokens or more holds the
-  same bits however it was chunked (a narrower pass takes vec_dot, as a verified block does).
+- one query over 512 or more KV cells: flash attention splits the cells between threads and merges their
+  partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a one-token
+  pass past position 255 would differ from the same row in a block. The build's third patch takes that path
+  only when the query's heads are fewer than the threads, so exact mode keeps K in F16 (llama.cpp's default:
+  plain decoding in exact mode is llama.cpp with `-fa on`) when the installed library has that patch and the
+  threads are at most the model's heads, and in Q8_0 (`-ctk q8_0`), which the split path never takes,
+  otherwise. F16 keeps prefill fast: ggml's tiled flash-attention kernel, which takes a pass of 64 rows or more
+  (TILED_ATTENTION_ROWS), reads only F16 or F32 K and V (with Q8_0 every prompt row goes through the one-row
+  kernel: 8% to 21% slower prefill of 300 to 1500 tokens here; docs/decisions/0012-prefill-chunks.md).
+- a prompt's rows: a pass of TILED_MATMUL_ROWS rows or more (TILED_ATTENTION_ROWS with K in F16) computes a row
+  as any other pass that wide does, a narrower one as a verified block does. So a prefill chunk's rows go in
+  passes of up to N_BATCH rows, none narrower than that unless the chunk is (`_prefill_pieces`), its last row
+  not split off as a step's rows are (LlamaCppSequence.prefill), and the engine cuts a prompt in chunks no
+  narrower (Capabilities.prefill_min_rows): a prompt holds the same bits however a server chunks it beside
+  other requests. `_prefills_in_any_chunks` checks that at load with K in F16 (else K goes back to Q8_0).
 `_widest_exact_block` checks at load which block width is exact on this GGUF and this build (a GGUF with
 other weight types, or an unpatched build, may allow less), and a wider block is scored in pieces of that
 width, each piece reading the KV cache the previous one wrote.
@@ -67,6 +74,13 @@ from spekula.extras import needs_extra
 from spekula.limits import check_forward
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
+# The build's patch after which one query's flash attention is split between threads only when its heads are fewer
+# than the threads (patches/llamacpp/): exact mode then keeps K in F16 (the module docstring)
+SPLIT_KV_PATCH = "0003-one-query-splits-kv-only-past-its-heads.patch"
+# Rows from which a pass takes ggml's tiled kernels, which compute a row the same way in any pass that wide: the
+# K-quant matmul on the patched build (patches/llamacpp/0002-*), and flash attention with K in F16 (GGML_FA_TILE_Q)
+TILED_MATMUL_ROWS = 32
+TILED_ATTENTION_ROWS = 64
 log = logging.getLogger("spekula.llamacpp")
 
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
@@ -122,6 +136,16 @@ class LlamaCppBackend(Backend):
         self.model = LlamaModel(path_model=str(self.gguf_path), params=params, verbose=False)
         self.vocab_size = int(self.model.n_vocab())
         self.eos_token_ids = frozenset({int(self.model.token_eos())})
+        # exact mode's K cache stays F16 where one query's attention is not split between threads (the docstring)
+        heads = int(llama_cpp.llama_model_n_head(self.model.model))
+        self.exact_f16_k = self.exact and SPLIT_KV_PATCH in llamacpp_check.installed_patches() and self.threads <= heads
+        self._open_contexts(context_length)
+        self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
+        if self.exact:
+            self._check_exact()
+
+    def _open_contexts(self, context_length: int) -> None:
+        """The shared context (parallel > 1) or the first of the pool, with this backend's settings."""
         self._pool: list[_Context] = []  # contexts of one sequence each, free for the next one
         self._shared: _Context | None = None
         self._free_ids: list[int] = []  # the shared context's sequence ids no sequence holds
@@ -142,15 +166,19 @@ class LlamaCppBackend(Backend):
             probe = self._new_context(context_length)
             self.context_length = min(context_length, int(probe.ctx.n_ctx()))
             self._pool.append(probe)
-        self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
-        if self.exact:
-            self._check_exact()
 
     def _check_exact(self) -> None:
-        """Exact mode's checks at load: the widest exact block, then (with a shared context) whether rows of several
-        sequences batched in one call are exact too; where they are not, no batching."""
+        """Exact mode's checks at load: with K in F16, that a prompt's rows hold the same bits in any chunks of
+        TILED_ATTENTION_ROWS or more (else K goes back to Q8_0); the widest exact block; then (with a shared context)
+        whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
+        rows = TILED_ATTENTION_ROWS if self.exact_f16_k else TILED_MATMUL_ROWS
+        self.capabilities = replace(self.capabilities, block_invariant=True, prefill_min_rows=rows)
+        if self.exact_f16_k and not self._prefills_in_any_chunks():
+            log.warning("llama.cpp's prompt passes are not chunk invariant with K in F16 on this build: K in Q8_0")
+            self.exact_f16_k = False
+            self._open_contexts(self.context_length)
+            self.capabilities = replace(self.capabilities, prefill_min_rows=TILED_MATMUL_ROWS)
         self.exact_width = self._widest_exact_block()
-        self.capabilities = replace(self.capabilities, block_invariant=True)
         if self._shared is not None and not self._batches_exactly():
             # every sequence's passes alone then, each in its own stream: exact, one request at a time
             log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
@@ -169,7 +197,7 @@ class LlamaCppBackend(Backend):
         # (the module docstring).
         params.kv_unified = sequences == 1 or not self.exact
         params.n_threads = params.n_threads_batch = self.threads
-        if self.exact:
+        if self.exact and not self.exact_f16_k:
             params.type_k = llama_cpp.GGML_TYPE_Q8_0  # no split-KV path for one query (see the docstring)
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -209,6 +237,22 @@ class LlamaCppBackend(Backend):
             return widest
         finally:
             seq.release()
+
+    def _prefills_in_any_chunks(self) -> bool:
+        """Whether a prompt prefilled in two passes of prefill_min_rows rows gives the next token the logits one
+        pass of both gives it, bit for bit, on this GGUF and build."""
+        rows = self.capabilities.prefill_min_rows
+        prompt = [(self.vocab_size // 5 + 11 * i) % self.vocab_size for i in range(2 * rows + 1)]
+        logits = []
+        for chunks in ([prompt[:-1]], [prompt[:rows], prompt[rows:-1]]):
+            seq = self.new_sequence()
+            try:
+                for chunk in chunks:
+                    seq.prefill(chunk)
+                logits.append(seq.forward(prompt[-1:]))
+            finally:
+                seq.release()
+        return torch.equal(logits[0], logits[1])
 
     def _batches_exactly(self) -> bool:
         """Whether rows of three sequences of the shared context, 1, 3 and 2 of them, scored in one call of the exact
@@ -323,7 +367,8 @@ class LlamaCppBackend(Backend):
             calls, scored = [], []
             for block, rows in zip(blocks, by_block, strict=True):
                 head = len(rows) - block.wanted if block.scored else len(rows)
-                calls += _pieces(rows[:head], N_BATCH)  # this sequence's alone, as plain decoding prefills them
+                # this sequence's alone, as plain decoding prefills them, in passes of at least prefill_min_rows
+                calls += _prefill_pieces(rows[:head], N_BATCH, self.capabilities.prefill_min_rows)
                 scored += rows[head:]
             # every sequence's scored rows, packed, by sequence id: with a KV stream per sequence llama.cpp puts a
             # run of consecutive ids in one ubatch (and takes as many rows of each; llama_batch_allocr::split_equal)
@@ -356,6 +401,16 @@ class LlamaCppBackend(Backend):
 def _pieces(rows: list, width: int) -> list[list]:
     """rows in consecutive calls of at most `width`."""
     return [rows[start : start + width] for start in range(0, len(rows), width)]
+
+
+def _prefill_pieces(rows: list, width: int, least: int) -> list[list]:
+    """rows in consecutive calls of at most `width` (at least 2 * least), none of fewer than `least` rows unless there
+    are fewer than that in all: the last two calls share what would have left a short last one."""
+    pieces = _pieces(rows, width)
+    if len(pieces) > 1 and len(pieces[-1]) < least:
+        both = pieces[-2] + pieces[-1]
+        pieces[-2:] = [both[: len(both) - least], both[len(both) - least :]]
+    return pieces
 
 
 @dataclass(eq=False)

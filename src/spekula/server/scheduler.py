@@ -487,7 +487,7 @@ class Scheduler:
             if chunk is None:
                 continue
             if budget is not None:
-                budget -= len(chunk.tokens)
+                budget = max(budget - len(chunk.tokens), 0)  # a chunk may take more (Capabilities.prefill_min_rows)
             chunks.append((job, chunk))
         to_run = [(job, chunk) for job, chunk in chunks if not job.generation.ready]
         return to_run, (decoding or len(chunks) > 1) if unfinishing else None
