@@ -65,8 +65,9 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=BackendConfig().exact,
         help="llama.cpp: score a block of tokens bit for bit as one token at a time, so greedy speculative output "
-        "equals plain decoding in this mode: flash attention, a Q8_0 K cache (llama.cpp's -fa on -ctk q8_0), blocks "
-        "of up to 17 tokens a pass on the project's build, and a server batches requests in passes that narrow, "
+        "equals plain decoding in this mode: flash attention (llama.cpp's -fa on; with -ctk q8_0 on a build without "
+        "the project's patches), blocks of up to 17 tokens a pass on the project's build, prompts in passes of 64 "
+        "tokens or more, and a server batches requests in passes that narrow, "
         "each request in a KV stream of its own; its cost: docs/BENCHMARKS.md, --exact. --no-exact: llama.cpp's "
         "default kernels and one cell pool, where near-ties in the target's top two logits can flip (default: on; "
         "the other runtimes ignore it)",

@@ -223,8 +223,9 @@ def test_exact_mode_parks_a_kept_cache_and_its_context_goes_back_to_the_pool(smo
     kept.prefill([])  # an empty prefill chunk (a one-token prompt) is nothing to do
     kept.prefill(ids[:-1])
     kept.forward(ids[-1:], num_logits=1)
-    reference = target.new_sequence()
-    reference.forward(ids, num_logits=1)
+    reference = target.new_sequence()  # built as `kept` is: the prompt's last token scored in a pass of its own
+    reference.prefill(ids[:-1])
+    reference.forward(ids[-1:], num_logits=1)
     expected = reference.forward([11, 22, 33])
     reference.release()
     pooled = len(target._pool)

@@ -149,6 +149,28 @@ def test_where_batched_passes_are_not_exact_exact_mode_steps_requests_one_at_a_t
     assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
 
 
+def test_where_chunked_prompts_differ_with_k_in_f16_exact_mode_keeps_k_in_q8_0(monkeypatch):
+    """On the project's build (its split-KV patch) exact mode keeps K in F16, and the load-time check that a prompt's
+    rows hold their bits in any passes of 64 rows or more passes (LlamaCppBackend._prefills_in_any_chunks); where
+    it fails, K goes back to Q8_0 and prompts go in passes of 32 rows or more, still exact and batching
+    (docs/decisions/0012-prefill-chunks.md)."""
+    from spekula import llamacpp_check
+
+    config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=3, context_length=256)
+    checked, _ = load_model("smollm2-135m", config)
+    assert checked.exact_f16_k == (llamacpp.SPLIT_KV_PATCH in llamacpp_check.installed_patches())
+    if checked.exact_f16_k:
+        assert checked._prefills_in_any_chunks(llamacpp.TILED_ATTENTION_ROWS)
+        assert checked.capabilities.prefill_min_rows == llamacpp.TILED_ATTENTION_ROWS
+    monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", lambda self, rows: False)
+    backend, _ = load_model("smollm2-135m", config)
+    caps = backend.capabilities
+    assert not backend.exact_f16_k and caps.prefill_min_rows == llamacpp.TILED_MATMUL_ROWS
+    assert caps.block_invariant and caps.batching and backend.exact_width == checked.exact_width
+    seq = backend.new_sequence()
+    assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
+
+
 @pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(model):
     """Exact mode with parallel > 1: one shared context with a KV stream per sequence. Steps of four sequences
@@ -206,9 +228,10 @@ def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(mode
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(backend._shared.ctx, "decode", lambda batch: calls.append(batch.batch.n_tokens) or decode(batch))
         batched = replay(together, forward_batch)
-    # four prefills, then the first step: each prompt's folded tail in a call of its own, then every row in one;
-    # then every step is one call of all four sequences' rows
-    assert calls[4:8] == [10] * 4 and calls[8:] == [sum(n for n, _ in plan) for plan in rounds]
+    # four prefills, then the first step: each prompt's folded tail and its first scored row (the prompt's last token)
+    # in a call of its own, then every other row in one; then every step is one call of all four sequences' rows
+    steps = [sum(n for n, _ in plan) - (len(prompts) if r == 0 else 0) for r, plan in enumerate(rounds)]
+    assert calls[4:8] == [11] * 4 and calls[8:] == [rows for rows in steps if rows]
     # llama.cpp cannot tag one stream's cells with another's sequence id (it aborts): nothing is shared
     assert not backend.share_prefix(together[0], backend.new_sequence(), 20)
     for i in range(len(prompts)):

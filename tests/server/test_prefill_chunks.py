@@ -379,14 +379,14 @@ def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one(model):
     """llama.cpp in exact mode (the default): a prompt longer than one llama_decode (512 tokens) prefilled in
     chunks of 256, 100 or (as the engine widens them) 64 gives the next-token logits of a whole prefill bit for bit,
     and the same greedy tokens after it. With K in F16 a pass under 64 rows takes flash attention's one-row kernel
-    where a wider one takes the tiled kernel: chunks of 37, or a last one of 60, held other bits. On the Q4_K_M GGUF a chunk's last row computed alone (vec_dot, as a step's rows are) instead of in
-    its chunk's pass (ggml's tiled matmul from 32 rows) differed (LlamaCppSequence.prefill)."""
+    where a wider one takes the tiled kernel: chunks of 37, or a last one of 60, held other bits. On the Q4_K_M GGUF
+    a chunk's last row computed alone (vec_dot, as a step's rows are) instead of in its chunk's pass (ggml's tiled
+    matmul from 32 rows) differed (LlamaCppSequence.prefill)."""
     import torch
-
-    from spekula.pipeline import load_model
 
     from spekula import llamacpp_check
     from spekula.backends.llamacpp import SPLIT_KV_PATCH, TILED_ATTENTION_ROWS
+    from spekula.pipeline import load_model
 
     backend, codec = load_model(model, BackendConfig(runtime="llamacpp", threads=2, context_length=1024))
     ids = codec.encode(PASSAGE)

@@ -171,13 +171,12 @@ class LlamaCppBackend(Backend):
         """Exact mode's checks at load: with K in F16, that a prompt's rows hold the same bits in any chunks of
         TILED_ATTENTION_ROWS or more (else K goes back to Q8_0); the widest exact block; then (with a shared context)
         whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
-        rows = TILED_ATTENTION_ROWS if self.exact_f16_k else TILED_MATMUL_ROWS
-        self.capabilities = replace(self.capabilities, block_invariant=True, prefill_min_rows=rows)
-        if self.exact_f16_k and not self._prefills_in_any_chunks():
+        if self.exact_f16_k and not self._prefills_in_any_chunks(TILED_ATTENTION_ROWS):
             log.warning("llama.cpp's prompt passes are not chunk invariant with K in F16 on this build: K in Q8_0")
             self.exact_f16_k = False
-            self._open_contexts(self.context_length)
-            self.capabilities = replace(self.capabilities, prefill_min_rows=TILED_MATMUL_ROWS)
+            self._open_contexts(self.context_length)  # with K in Q8_0 now (_new_context)
+        rows = TILED_ATTENTION_ROWS if self.exact_f16_k else TILED_MATMUL_ROWS
+        self.capabilities = replace(self.capabilities, block_invariant=True, prefill_min_rows=rows)
         self.exact_width = self._widest_exact_block()
         if self._shared is not None and not self._batches_exactly():
             # every sequence's passes alone then, each in its own stream: exact, one request at a time
@@ -211,7 +210,7 @@ class LlamaCppBackend(Backend):
         """The widest block (of the widths tried) whose logits equal one-token passes bit for bit, at the
         start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes).
 
-        With flash attention on, K in Q8_0 and the project's patched build, every width up to 17 goes through
+        With flash attention on and the project's patched build, every width up to 17 goes through
         kernels that sum a row as one token's pass does (the module docstring); a block is scored in pieces of
         the width found here, so exactness holds for any GGUF and any build (at worst one token a pass: exact,
         and no faster than plain decoding).
@@ -238,10 +237,9 @@ class LlamaCppBackend(Backend):
         finally:
             seq.release()
 
-    def _prefills_in_any_chunks(self) -> bool:
-        """Whether a prompt prefilled in two passes of prefill_min_rows rows gives the next token the logits one
-        pass of both gives it, bit for bit, on this GGUF and build."""
-        rows = self.capabilities.prefill_min_rows
+    def _prefills_in_any_chunks(self, rows: int) -> bool:
+        """Whether a prompt prefilled in two passes of `rows` rows gives the next token the logits one pass of both
+        gives it, bit for bit, on this GGUF and build."""
         prompt = [(self.vocab_size // 5 + 11 * i) % self.vocab_size for i in range(2 * rows + 1)]
         logits = []
         for chunks in ([prompt[:-1]], [prompt[:rows], prompt[rows:-1]]):
@@ -350,12 +348,13 @@ class LlamaCppBackend(Backend):
 
     def _decode(self, context: _Context, blocks: list[_Block]) -> list[torch.Tensor]:
         """Append every block to its sequence's cache in `context`, in llama_decode calls of at most
-        N_BATCH tokens; the logits each block asked for, in its order. In exact mode the rows that want
-        logits (each block's pending token and draft) go in calls of at most the exact width, packed across
-        sequences, after calls of each block's own for the rows before them (the prompt's last tokens, which
-        plain and speculative decoding prefill alike); a prefill chunk's (not scored) are not split off. A call
-        that narrow scores every row as a pass of that row alone would (vec_dot, and flash attention's one-row
-        kernel over the row's own KV stream), whichever sequences share it."""
+        N_BATCH tokens; the logits each block asked for, in its order. In exact mode a block's draft rows go in calls
+        of at most the exact width, packed across sequences, and so does its pending token where it is the block's
+        first row (a step's); a block that starts with prompt tokens (the prompt's last chunk folded into the first
+        step, which plain and speculative decoding prefill alike) has them and the pending token after them (the
+        prompt's last) in calls of its own, as a prefill chunk (not scored) has all its rows. A call that narrow
+        scores every row as a pass of that row alone would (vec_dot, and flash attention's one-row kernel over the
+        row's own KV stream), whichever sequences share it."""
         by_block = [
             [
                 (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
@@ -367,6 +366,8 @@ class LlamaCppBackend(Backend):
             calls, scored = [], []
             for block, rows in zip(blocks, by_block, strict=True):
                 head = len(rows) - block.wanted if block.scored else len(rows)
+                if 0 < head < len(rows):  # a prompt's last token is scored in its prompt's pass, as llama-server does
+                    head += 1  # (plain decoding's first step too: the first token's logits come from that pass)
                 # this sequence's alone, as plain decoding prefills them, in passes of at least prefill_min_rows
                 calls += _prefill_pieces(rows[:head], N_BATCH, self.capabilities.prefill_min_rows)
                 scored += rows[head:]
