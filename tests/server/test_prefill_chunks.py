@@ -345,6 +345,16 @@ def test_chunks_are_never_narrower_than_the_runtime_s_prefill_min_rows(monkeypat
         assert gen.run().token_ids == whole.token_ids
 
 
+def test_a_long_chunk_s_passes_leave_no_narrow_last_one():
+    """llama.cpp's exact mode splits a chunk longer than one llama_decode so that no pass is narrower than
+    prefill_min_rows unless the chunk is: the last two passes share what would have left a short last one."""
+    from spekula.backends.llamacpp import _prefill_pieces
+
+    for n, sizes in [(30, [30]), (512, [512]), (600, [512, 88]), (530, [466, 64]), (1030, [512, 454, 64])]:
+        pieces = _prefill_pieces(list(range(n)), 512, 64)
+        assert [len(piece) for piece in pieces] == sizes and sum(pieces, []) == list(range(n)), n
+
+
 def test_the_options():
     """--prefill-chunk and --prefill-share (serve), and --context-length (every model command: a long prompt on
     llama.cpp needs it), which the draft's backend inherits."""
