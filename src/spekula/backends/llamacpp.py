@@ -29,7 +29,7 @@ are closed:
   threads are at most the model's heads, and in Q8_0 (`-ctk q8_0`), which the split path never takes,
   otherwise. F16 keeps prefill fast: ggml's tiled flash-attention kernel, which takes a pass of 64 rows or more
   (TILED_ATTENTION_ROWS), reads only F16 or F32 K and V (with Q8_0 every prompt row goes through the one-row
-  kernel: 8% to 21% slower prefill of 300 to 1500 tokens here; docs/decisions/0012-prefill-chunks.md).
+  kernel, a slower prefill: docs/decisions/0012-prefill-chunks.md).
 - a prompt's rows: a pass of TILED_MATMUL_ROWS rows or more (TILED_ATTENTION_ROWS with K in F16) computes a row
   as any other pass that wide does, a narrower one as a verified block does. So a prefill chunk's rows go in
   passes of up to N_BATCH rows, none narrower than that unless the chunk is (`_prefill_pieces`), its last row
@@ -171,6 +171,7 @@ class LlamaCppBackend(Backend):
         """Exact mode's checks at load: with K in F16, that a prompt's rows hold the same bits in any chunks of
         TILED_ATTENTION_ROWS or more (else K goes back to Q8_0); the widest exact block; then (with a shared context)
         whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
+        # before the exact width is known: its passes (128 rows, or 64 and 64, then one) go as _decode sends them anyway
         if self.exact_f16_k and not self._prefills_in_any_chunks(TILED_ATTENTION_ROWS):
             log.warning("llama.cpp's prompt passes are not chunk invariant with K in F16 on this build: K in Q8_0")
             self.exact_f16_k = False
@@ -365,9 +366,12 @@ class LlamaCppBackend(Backend):
         if self.exact_width < N_BATCH:  # exact mode, past the load-time check
             calls, scored = [], []
             for block, rows in zip(blocks, by_block, strict=True):
-                head = len(rows) - block.wanted if block.scored else len(rows)
-                if 0 < head < len(rows):  # a prompt's last token is scored in its prompt's pass, as llama-server does
-                    head += 1  # (plain decoding's first step too: the first token's logits come from that pass)
+                if not block.scored:  # a prefill chunk: all its rows
+                    head = len(rows)
+                elif block.wanted < len(rows):  # prompt rows first: they and the prompt's last token, as llama-server
+                    head = len(rows) - block.wanted + 1  # does (plain decoding's first step too)
+                else:  # a step: its pending token and draft all scored
+                    head = 0
                 # this sequence's alone, as plain decoding prefills them, in passes of at least prefill_min_rows
                 calls += _prefill_pieces(rows[:head], N_BATCH, self.capabilities.prefill_min_rows)
                 scored += rows[head:]
