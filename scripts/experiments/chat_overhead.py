@@ -1,15 +1,15 @@
-"""Where a fresh engine's time goes on chat: the default (suffix drafting, k auto, exact llama.cpp) against plain
-decoding, per output token, from the engine's own stage timings (RequestStats: draft, score, accept, advance, the
+"""Where a fresh engine's time goes on chat: the library's default (suffix drafting, k auto, exact llama.cpp) against
+plain decoding, per output token, from the engine's own stage timings (RequestStats: draft, score, accept, advance, the
 rest) and its drafting counts. In-process, one Pipeline, each of the first N open-chat prompts of the built-in
 suite decoded plainly then speculatively, 96 tokens, greedy.
 
     .venv/bin/python scripts/experiments/chat_overhead.py [N]   # about 2 minutes for N = 8
 
-Found (this Intel Xeon, 2026-12-04, commit bd0b816, N = 8, two runs): plain 58.9 and 62.3 ms a token; the default
-drafted at 332 of 595 passes, 88 of 431 drafted tokens accepted, 71.2 and 74.3 ms a token (0.83x); the Python around
-a pass (draft, accept, advance, the rest) 0.3-0.4 ms a token. A fresh engine's controller bets on chat before it has
-learnt that chat rejects; a server that served other requests first drafted at 18-23 of ~370 chat passes
-(BENCHMARKS).
+Found (this Intel Xeon, 2026-12-04, N = 8): at commit bd0b816 the library's default was a fixed k = 4 (the CLI's
+and the server's was auto): it drafted at 332 of 595 passes, 88 of 431 drafted tokens accepted, 71.2 and 74.3 ms a
+token against plain's 58.9 and 62.3 (0.83x). With k auto, the library's default since: 39 drafts in 651 passes, 31
+of 102 drafted tokens accepted, 61.63 ms a token against plain's 61.53 (1.00x). The Python around a pass (draft,
+accept, advance, the rest) is 0.3-0.4 ms a token either way.
 """
 
 import json

@@ -120,9 +120,10 @@ class SpecConfig:
     controller (spekula.control) from measured costs and the running acceptance rate.
     """
 
-    # Not a knob: its flag --k takes 'auto' (None) as well as a number, and its default there (auto) is not
-    # this one (a library caller's fixed 4); options.add_model_options declares it, __post_init__ checks it.
-    k: int | None = 4
+    # Not a knob: its flag --k takes 'auto' (None) as well as a number; options.add_model_options declares it,
+    # __post_init__ checks it. Auto for a library caller as for the CLI and the server: a fixed k drafts whatever
+    # the text, and where drafts are rejected (chat, creative writing) that is slower than plain decoding.
+    k: int | None = None
     k_max: int = knob(K_MAX, "--k-max", "--k auto's longest draft (default {default})", low=1, high=K_LIMIT)
     ngram_max: int = knob(4, "--ngram-max", "n-gram lookup: longest suffix matched (default {default})", low=1)
     ngram_min: int = knob(1, "--ngram-min", "n-gram lookup: shortest suffix matched (default {default})", low=1)

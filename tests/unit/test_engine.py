@@ -333,3 +333,32 @@ def test_what_starting_a_request_costs_counts_into_its_time(monkeypatch):
     stats = engine.generate([1, 2, 3], stop=StopConfig(max_tokens=4, ignore_eos=True)).run().stats
     assert stats.output_tokens == 4
     assert stats.ttft_s == stats.total_s == 5.0
+
+
+def test_the_library_default_drafts_only_where_it_pays():
+    """SpecConfig() is k auto, as the CLI's and the server's defaults are: on text whose short matches are not
+    continued (a chat reply: suffix lookup finds one- to three-token matches everywhere, and the target goes
+    elsewhere), the default's passes cost about what plain decoding's do. A fixed k drafts at every match, and
+    at llama.cpp's pass costs that is far slower than plain decoding (the library's default before)."""
+    from costkit import llamacpp_avx512
+
+    vocab = 8
+    table = torch.randn(1024, vocab, generator=torch.Generator().manual_seed(5))
+
+    def chatty(prefix: list[int]) -> torch.Tensor:  # a next token that no earlier text predicts
+        return table[len(prefix) % len(table)]
+
+    def seconds(spec: SpecConfig) -> tuple[float, float]:
+        engine = Engine(FunctionBackend(chatty, vocab), SuffixFactory(), spec)
+        engine.costs = llamacpp_avx512()
+        trace = ListTrace()
+        engine.generate([1, 2, 3], SamplingParams(), StopConfig(max_tokens=300), trace).run()
+        assert sum(len(step.emitted) for step in trace.steps) == 300
+        spent = sum(engine.costs.target_cost(len(step.drafted) + 1) for step in trace.steps)
+        return spent, 300 * engine.costs.target_cost(1)
+
+    assert SpecConfig().k is None
+    spent, plain = seconds(SpecConfig())
+    assert spent <= 1.03 * plain
+    spent, plain = seconds(SpecConfig(k=4))
+    assert spent > 1.3 * plain

@@ -187,7 +187,9 @@ def test_the_parsed_flags_are_the_spec_config():
     from spekula.options import spec_from_args
 
     parser = parser_and_commands()[0]
-    assert spec_from_args(parser.parse_args(["generate", "--k", "4", "--draft", "ngram"])) == SpecConfig()
+    # the flags' defaults are the library's: k auto for both
+    assert spec_from_args(parser.parse_args(["generate", "--draft", "ngram"])) == SpecConfig()
+    assert spec_from_args(parser.parse_args(["generate", "--k", "4", "--draft", "ngram"])) == SpecConfig(k=4)
     args = parser.parse_args(
         ["generate", "--draft", "suffix", "--k", "auto", "--k-max", "8", "--ngram-max", "3", "--ngram-min", "2"]
         + ["--draft-confidence", "0.4", "--no-prompt-cache", "--suffix-cache-mb", "0.5", "--suffix-max-depth", "9"]
