@@ -32,6 +32,7 @@ llama.cpp source as the installed llama-cpp-python). Writes OUT/results.jsonl (o
 contender), OUT/table.md, OUT/commands.txt and each server's log; the last line printed is one JSON object.
 
     .venv/bin/python scripts/llama_server_compare.py OUT [--max-tokens 96] [--warmup-rounds 1]
+    .venv/bin/python scripts/llama_server_compare.py OUT --max-tokens 0 --categories code-editing,repeat-editing,...
     .venv/bin/python scripts/llama_server_compare.py OUT --retable   # OUT/table.md again from OUT/results.jsonl
 """
 
@@ -85,7 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=1, help="llama-server's -np (slots)")
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument(
+        "--max-tokens", type=int, default=96, help="at most this many tokens an answer; 0: each prompt's own"
+    )
+    ap.add_argument(
+        "--categories", help="comma-separated: only the suite's prompts of these categories (default: every one)"
+    )
     ap.add_argument("--warmup-rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0, help="the order of each set")
     ap.add_argument("--port", type=int, default=18300, help="the first contender's port; the next ones follow")
@@ -100,7 +106,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [c for c in args.contenders if c not in CONTENDERS]
     if unknown or PLAIN not in args.contenders:
         ap.error(f"--contenders: choose from {', '.join(CONTENDERS)}, {PLAIN} included (the baseline)")
+    if args.max_tokens < 0:
+        ap.error(f"--max-tokens must be 0 (each prompt's own) or more, got {args.max_tokens}")
+    if args.categories is not None:
+        known = sorted({item.category for item in builtin_workload()})
+        args.categories = [c.strip() for c in args.categories.split(",") if c.strip()]
+        if not args.categories or set(args.categories) - set(known):
+            ap.error(f"--categories: choose from {', '.join(known)}, got {args.categories}")
     return args
+
+
+def workload(args: argparse.Namespace) -> list[WorkItem]:
+    """The suite's prompts of --categories (every one by default)."""
+    items = builtin_workload()
+    return [item for item in items if args.categories is None or item.category in args.categories]
 
 
 def split_suite(items: list[WorkItem], seed: int) -> dict[str, list[WorkItem]]:
@@ -248,7 +267,8 @@ def run_phase(
         for j in range(len(live)):
             server = live[(turn + j) % len(live)]
             row = {"phase": phase, "id": item.id, "category": item.category, "server": server.name}
-            row = recount({**row, **ask(server, item, args.max_tokens, salt)}, count)
+            max_tokens = item.max_tokens_under(args.max_tokens or None)
+            row = recount({**row, **ask(server, item, max_tokens, salt)}, count)
             log.write(json.dumps(row) + "\n")
             log.flush()
         turn += 1
@@ -357,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [recount(json.loads(line), count) for line in lines.splitlines()]
         return write_table(args, rows, {})
     gguf = str(resolve(args.model).gguf_path)
-    sets = split_suite(builtin_workload(), args.seed)
+    sets = split_suite(workload(args), args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     live = servers(args, gguf)
     # the servers' commands, naming no machine (paths from the checkout or $SPEKULA_CACHE: manifest.portable)

@@ -173,3 +173,28 @@ def test_retable_recounts_a_saved_run(script, tmp_path, monkeypatch):
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert script.main([str(tmp_path), "--retable"]) == 0
     assert "| spekula | 1.000 |" in (tmp_path / "table.md").read_text()  # same text, same time: the same rate
+
+
+def test_categories_and_each_prompt_s_own_length_can_be_chosen(script, tmp_path, monkeypatch):
+    """--categories keeps the suite's prompts of those categories; --max-tokens 0 asks each for the suite's own
+    max_tokens, a number caps them all."""
+    args = script.parse_args([str(tmp_path), "--categories", "code-editing,repeat-editing", "--max-tokens", "0"])
+    items = script.workload(args)
+    assert {i.category for i in items} == {"code-editing", "repeat-editing"}
+    assert len(items) == sum(i.category in args.categories for i in builtin_workload())
+    with pytest.raises(SystemExit):
+        script.parse_args([str(tmp_path), "--categories", "code-edit"])
+    with pytest.raises(SystemExit):
+        script.parse_args([str(tmp_path), "--max-tokens", "-1"])
+
+    asked = []
+    monkeypatch.setattr(script, "ask", lambda server, item, max_tokens, salt="": asked.append(max_tokens) or {})
+    monkeypatch.setattr(script, "recount", lambda row, count: row)
+    server = script.Server("llama-server", [], 0)
+    for cap, expected in ((0, [i.max_tokens for i in items]), (96, [min(96, i.max_tokens) for i in items])):
+        asked.clear()
+        args.max_tokens = cap
+        with open(tmp_path / "rows.jsonl", "w") as log:
+            script.run_phase("cold", items, [server], args, log, 0, None)
+        assert asked == expected
+    assert max(i.max_tokens for i in items) > 96  # the two runs differ
