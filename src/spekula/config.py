@@ -122,7 +122,8 @@ class SpecConfig:
 
     # Not a knob: its flag --k takes 'auto' (None) as well as a number; options.add_model_options declares it,
     # __post_init__ checks it. Auto for a library caller as for the CLI and the server: a fixed k drafts whatever
-    # the text, and where drafts are rejected (chat, creative writing) that is slower than plain decoding.
+    # the text, and where drafts are rejected (chat, creative writing) that is slower than plain decoding
+    # (scripts/experiments/chat_overhead.py).
     k: int | None = None
     k_max: int = knob(K_MAX, "--k-max", "--k auto's longest draft (default {default})", low=1, high=K_LIMIT)
     ngram_max: int = knob(4, "--ngram-max", "n-gram lookup: longest suffix matched (default {default})", low=1)

@@ -12,6 +12,8 @@ from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory, bu
 from spekula.testing import FunctionBackend, FunctionSequence, random_table_backend
 from spekula.trace import ListTrace
 
+from costkit import llamacpp_avx512
+
 VOCAB = 40
 PROMPTS = [[1, 2, 3, 4, 5], [7], [3, 9, 3, 9, 3, 9, 3]]
 
@@ -340,8 +342,6 @@ def test_the_library_default_drafts_only_where_it_pays():
     continued (a chat reply: suffix lookup finds one- to three-token matches everywhere, and the target goes
     elsewhere), the default's passes cost about what plain decoding's do. A fixed k drafts at every match, and
     at llama.cpp's pass costs that is far slower than plain decoding (the library's default before)."""
-    from costkit import llamacpp_avx512
-
     vocab = 8
     table = torch.randn(1024, vocab, generator=torch.Generator().manual_seed(5))
 
