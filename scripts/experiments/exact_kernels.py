@@ -77,7 +77,7 @@ def main() -> None:
     text = open(__file__).read() * 8
     for repack, flash, type_k in SETTINGS:
         backend, codec = load(repack, type_k)
-        backend.flash_attention = flash
+        backend.flash_attention, backend.flash_min_rows = flash, 0  # flash attention in every pass, or in none
         backend._pool = [backend._new_context(4096)]  # with this flash attention and K type
         internals.LlamaModel, internals.LlamaContext = base_model, base_context
         prompt = codec.encode(text)

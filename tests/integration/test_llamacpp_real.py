@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spekula import llamacpp_check
-from spekula.backends.llamacpp import SPLIT_KV_PATCH
+from spekula.backends.llamacpp import _exact_attentions
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.pipeline import load_model
@@ -170,8 +170,9 @@ def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens(qwen_exact, prom
     past position 255, flash attention's split-KV path for one query."""
     target, codec = qwen_exact
     assert target.capabilities.block_invariant
-    # on the project's build (with its split-KV patch) K stays F16, so past 255 the patched path is what is checked
-    assert target.exact_f16_k == (SPLIT_KV_PATCH in llamacpp_check.installed_patches())
+    # on the project's build K stays F16 (attention as matmuls in passes this narrow, or flash attention with the
+    # split-KV patch), so past 255 the patched paths are what is checked
+    assert target.exact_f16_k == _exact_attentions(llamacpp_check.installed_patches(), 2, 14)[0].f16_k
     assert target.exact_width >= 2  # exact by scoring blocks of several tokens, not one token a pass
     ids = codec.encode(prompt)
     assert (len(ids) > 300) == (prompt is LONG_COPY_PROMPT)

@@ -149,23 +149,37 @@ def test_where_batched_passes_are_not_exact_exact_mode_steps_requests_one_at_a_t
     assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
 
 
-def test_where_chunked_prompts_differ_with_k_in_f16_exact_mode_keeps_k_in_q8_0(monkeypatch):
-    """On the project's build (its split-KV patch) exact mode keeps K in F16, and the load-time check that a prompt's
-    rows hold their bits in any passes of 64 rows or more passes (LlamaCppBackend._prefills_in_any_chunks); where
-    it fails, K goes back to Q8_0 and prompts go in passes of 32 rows or more, still exact and batching
-    (docs/decisions/0012-prefill-chunks.md)."""
+def test_exact_mode_takes_the_cheapest_attention_its_checks_find_exact_and_falls_back_where_they_fail(monkeypatch):
+    """On the project's build exact mode takes the first way of `_exact_attentions` (flash attention from 64 rows,
+    matmuls below: docs/decisions/0013-exact-attention-without-flash.md), and its load-time checks pass under it.
+    Where a way's prompt passes are not chunk invariant (LlamaCppBackend._prefills_in_any_chunks), the next way is
+    taken; where none is, flash attention with K in Q8_0 and prompts in passes of 32 rows or more, still exact and
+    batching (docs/decisions/0012-prefill-chunks.md)."""
     from spekula import llamacpp_check
 
     config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=3, context_length=256)
     checked, _ = load_model("smollm2-135m", config)
-    assert checked.exact_f16_k == (llamacpp.SPLIT_KV_PATCH in llamacpp_check.installed_patches())
-    if checked.exact_f16_k:
-        assert checked._prefills_in_any_chunks(llamacpp.TILED_ATTENTION_ROWS)
-        assert checked.capabilities.prefill_min_rows == llamacpp.TILED_ATTENTION_ROWS
+    ways = llamacpp._exact_attentions(llamacpp_check.installed_patches(), 2, 9)  # SmolLM2-135M: 9 heads
+    first = ways[0]
+    assert (checked.flash_attention, checked.exact_f16_k, checked.flash_min_rows) == (
+        first.flash, first.f16_k, first.flash_min_rows)  # fmt: skip
+    assert checked.capabilities.prefill_min_rows == first.prefill_min_rows
+    assert checked.exact_width == llamacpp.EXACT_WIDTHS[0] and checked.capabilities.batching
+    if len(ways) > 2:  # the project's build: the next way where the first's prompt passes fail
+        second = ways[1]
+
+        def all_but_the_first(self, rows: int) -> bool:
+            return (self.flash_attention, self.flash_min_rows) != (first.flash, first.flash_min_rows)
+
+        monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", all_but_the_first)
+        backend, _ = load_model("smollm2-135m", config)
+        assert (backend.flash_attention, backend.flash_min_rows) == (second.flash, second.flash_min_rows)
+        assert backend.capabilities.prefill_min_rows == second.prefill_min_rows and backend.capabilities.batching
     monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", lambda self, rows: False)
     backend, _ = load_model("smollm2-135m", config)
     caps = backend.capabilities
-    assert not backend.exact_f16_k and caps.prefill_min_rows == llamacpp.TILED_MATMUL_ROWS
+    assert backend.flash_attention and not backend.exact_f16_k and not backend.flash_min_rows
+    assert caps.prefill_min_rows == llamacpp.TILED_MATMUL_ROWS
     assert caps.block_invariant and caps.batching and backend.exact_width == checked.exact_width
     seq = backend.new_sequence()
     assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3

@@ -167,7 +167,9 @@ def test_the_shipped_patches_apply_to_the_pinned_llama_cpp(tmp_path):
     source = build._unpack(build._sdist(sys.executable, build.pinned_version()), tmp_path) / "vendor" / "llama.cpp"
     for patch in patches:
         text = patch.read_text()
-        assert text.index("docs/decisions/0009-exact-kernels.md") < text.index("--- a/")  # the why comes first
+        why = re.search(r"docs/decisions/\d{4}-[\w-]+\.md", text)  # the why comes first, in a decision record
+        assert why and why.start() < text.index("--- a/"), patch.name
+        assert (Path(__file__).resolve().parents[2] / why.group()).is_file(), why.group()
         names = re.findall(r"^\+\+\+ b/(\S+)", text, re.M)
         before = {n: (source / n).read_text() for n in names}
         build.apply_patch(patch, source)

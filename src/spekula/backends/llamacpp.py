@@ -19,23 +19,26 @@ are closed:
 - weights: the build patches llama.cpp (patches/llamacpp/, applied by spekula.llamacpp_build) so that its
   repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, and ggml's tiled K-quant
   kernel (another summation order) takes over only from 32 rows, past any verified block;
-- attention: llama.cpp's flash-attention kernel scores each query row alone (the default kernel
-  multiplies a block's queries as a matrix), so it is on;
-- one query over 512 or more KV cells: flash attention splits the cells between threads and merges their
-  partial sums (ggml's split-KV path, taken only for a single row with an F16 or F32 K cache), so a one-token
-  pass past position 255 would differ from the same row in a block. The build's third patch takes that path
-  only when the query's heads are fewer than the threads, so exact mode keeps K in F16 (llama.cpp's default:
-  plain decoding in exact mode is llama.cpp with `-fa on`) when the installed library has that patch and the
-  threads are at most the model's heads, and in Q8_0 (`-ctk q8_0`), which the split path never takes,
-  otherwise. F16 keeps prefill fast: ggml's tiled flash-attention kernel, which takes a pass of 64 rows or more
-  (TILED_ATTENTION_ROWS), reads only F16 or F32 K and V (with Q8_0 every prompt row goes through the one-row
-  kernel, a slower prefill: docs/decisions/0012-prefill-chunks.md).
-- a prompt's rows: a pass of TILED_MATMUL_ROWS rows or more (TILED_ATTENTION_ROWS with K in F16) computes a row
-  as any other pass that wide does, a narrower one as a verified block does. So a prefill chunk's rows go in
+- attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build
+  (patches 0004 and 0005) exact mode runs attention as matmuls in every pass narrower than TILED_ATTENTION_ROWS
+  (llamafile's tinyBLAS sums each row of a pass of any width the same way, one row included) and as flash
+  attention's tiled kernel in a prompt's wider passes, K and V in F16 (llama.cpp's default types; V stored
+  transposed); a block of 16 rows over a long context costs a fifth less than with flash attention's one-row
+  kernel, which scores each row alone, and a one-token pass and a prompt cost the same
+  (docs/decisions/0013-exact-attention-without-flash.md). `_exact_attentions` lists the ways, cheapest first, and
+  `_check_exact` takes the first that its load-time checks find exact. The older ways: flash attention in every
+  pass, K in F16 where the build's third patch takes ggml's split-KV path (which merges one query's partial sums
+  over 512 or more cells from several threads) only when the query's heads are fewer than the threads, and in
+  Q8_0 (`-ctk q8_0`, which that path never takes, and a slower prefill: every prompt row then goes through the
+  one-row kernel; docs/decisions/0012-prefill-chunks.md) otherwise. The default kernel without these patches
+  multiplies a block's queries as a matrix and one token's by vec_dot, so it is never taken unpatched.
+- a prompt's rows: a pass of the way's prefill_min_rows rows or more (TILED_ATTENTION_ROWS where flash
+  attention's tiled kernel takes wide passes, else TILED_MATMUL_ROWS) computes a row as any other pass that wide
+  does, a narrower one as a verified block does. So a prefill chunk's rows go in
   passes of up to N_BATCH rows, none narrower than that unless the chunk is (`_prefill_pieces`), its last row
   not split off as a step's rows are (LlamaCppSequence.prefill), and the engine cuts a prompt in chunks no
   narrower (Capabilities.prefill_min_rows): a prompt holds the same bits however a server chunks it beside
-  other requests. `_prefills_in_any_chunks` checks that at load with K in F16 (else K goes back to Q8_0).
+  other requests. `_prefills_in_any_chunks` checks that at load for each way but the last.
 `_widest_exact_block` checks at load which block width is exact on this GGUF and this build (a GGUF with
 other weight types, or an unpatched build, may allow less), and a wider block is scored in pieces of that
 width, each piece reading the KV cache the previous one wrote.
@@ -75,8 +78,15 @@ from spekula.limits import check_forward
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 # The build's patch after which one query's flash attention is split between threads only when its heads are fewer
-# than the threads (patches/llamacpp/): exact mode then keeps K in F16 (the module docstring)
+# than the threads (patches/llamacpp/): exact mode's flash attention then keeps K in F16 (_exact_attentions)
 SPLIT_KV_PATCH = "0003-one-query-splits-kv-only-past-its-heads.patch"
+# The build's patch after which a one-row F16 matmul (attention over an F16 KV cache without flash attention) sums a
+# row as a wider pass does (patches/llamacpp/): exact mode then runs attention as matmuls (_exact_attentions)
+MATMUL_ATTENTION_PATCH = "0004-f16-sgemm-for-one-row.patch"
+# The build's patch after which a context created with LLAMA_FLASH_ATTN_MIN_ROWS=N runs flash attention in passes of N
+# rows or more only, matmuls in narrower ones (patches/llamacpp/)
+FLASH_MIN_ROWS_PATCH = "0005-flash-attention-from-a-least-width.patch"
+FLASH_MIN_ROWS_ENV = "LLAMA_FLASH_ATTN_MIN_ROWS"
 # Rows from which a pass takes ggml's tiled kernels, which compute a row the same way in any pass that wide: the
 # K-quant matmul on the patched build (patches/llamacpp/0002-*), and flash attention with K in F16 (GGML_FA_TILE_Q)
 TILED_MATMUL_ROWS = 32
@@ -125,8 +135,8 @@ class LlamaCppBackend(Backend):
         self.exact = config.exact
         self.parallel = config.parallel  # sequences sharing one context (see the docstring)
         # one attention kernel for all of this backend's contexts, so a sequence's logits do not depend on
-        # which context it got
-        self.flash_attention = self.exact or (self.parallel > 1 and SHARED_FLASH_ATTENTION)
+        # which context it got (exact mode's: _exact_attentions, chosen at load by _check_exact)
+        self.flash_attention = not self.exact and self.parallel > 1 and SHARED_FLASH_ATTENTION
         set_verbose(False)
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
@@ -136,13 +146,15 @@ class LlamaCppBackend(Backend):
         self.model = LlamaModel(path_model=str(self.gguf_path), params=params, verbose=False)
         self.vocab_size = int(self.model.n_vocab())
         self.eos_token_ids = frozenset({int(self.model.token_eos())})
-        # exact mode's K cache stays F16 where one query's attention is not split between threads (the docstring)
-        heads = int(llama_cpp.llama_model_n_head(self.model.model))
-        self.exact_f16_k = self.exact and SPLIT_KV_PATCH in llamacpp_check.installed_patches() and self.threads <= heads
-        self._open_contexts(context_length)
+        self.exact_f16_k = False  # exact mode's K cache in F16 rather than Q8_0 (_check_exact)
+        self.flash_min_rows = 0  # with flash attention, matmuls in passes narrower than this (_Attention)
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
         if self.exact:
-            self._check_exact()
+            heads = int(llama_cpp.llama_model_n_head(self.model.model))
+            ways = _exact_attentions(llamacpp_check.installed_patches(), self.threads, heads)
+            self._check_exact(context_length, ways)
+        else:
+            self._open_contexts(context_length)
 
     def _open_contexts(self, context_length: int) -> None:
         """The shared context (parallel > 1) or the first of the pool, with this backend's settings."""
@@ -167,18 +179,25 @@ class LlamaCppBackend(Backend):
             self.context_length = min(context_length, int(probe.ctx.n_ctx()))
             self._pool.append(probe)
 
-    def _check_exact(self) -> None:
-        """Exact mode's checks at load: with K in F16, that a prompt's rows hold the same bits in any chunks of
-        TILED_ATTENTION_ROWS or more (else K goes back to Q8_0); the widest exact block; then (with a shared context)
-        whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
-        # before the exact width is known: its passes (128 rows, or 64 and 64, then one) go as _decode sends them anyway
-        if self.exact_f16_k and not self._prefills_in_any_chunks(TILED_ATTENTION_ROWS):
-            log.warning("llama.cpp's prompt passes are not chunk invariant with K in F16 on this build: K in Q8_0")
-            self.exact_f16_k = False
-            self._open_contexts(self.context_length)  # with K in Q8_0 now (_new_context)
-        rows = TILED_ATTENTION_ROWS if self.exact_f16_k else TILED_MATMUL_ROWS
+    def _check_exact(self, context_length: int, attentions: list[_Attention]) -> None:
+        """Exact mode's checks at load. The first of `attentions` (cheapest first) under which a prompt's rows hold
+        the same bits in any chunks of its prefill_min_rows or more and blocks of every width tried are exact is
+        taken; the last (flash attention, K in Q8_0) is taken anyway, at whatever width is exact. Then (with a shared
+        context) whether rows of several sequences batched in one call are exact too; where they are not, no
+        batching."""
+        for attention in attentions:
+            self.flash_attention, self.exact_f16_k = attention.flash, attention.f16_k
+            self.flash_min_rows = attention.flash_min_rows
+            self._open_contexts(context_length)
+            self.exact_width = N_BATCH  # the checks' passes go as _decode sends them before the width is known
+            # the last is taken whatever its prompt passes do (exact mode's setting before K went back to F16)
+            chunked = attention is attentions[-1] or self._prefills_in_any_chunks(attention.prefill_min_rows)
+            self.exact_width = self._widest_exact_block() if chunked else 1
+            if attention is attentions[-1] or self.exact_width == EXACT_WIDTHS[0]:
+                break
+            log.warning(f"llama.cpp with {attention} is not exact at every width on this build: trying the next")
+        rows = attention.prefill_min_rows
         self.capabilities = replace(self.capabilities, block_invariant=True, prefill_min_rows=rows)
-        self.exact_width = self._widest_exact_block()
         if self._shared is not None and not self._batches_exactly():
             # every sequence's passes alone then, each in its own stream: exact, one request at a time
             log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
@@ -204,14 +223,23 @@ class LlamaCppBackend(Backend):
             if self.flash_attention
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
-        ctx = LlamaContext(model=self.model, params=params, verbose=False)
+        # read by llama.cpp as the context is created (patch 0005), then put back as it was
+        before = os.environ.get(FLASH_MIN_ROWS_ENV)
+        os.environ[FLASH_MIN_ROWS_ENV] = str(self.flash_min_rows)
+        try:
+            ctx = LlamaContext(model=self.model, params=params, verbose=False)
+        finally:
+            if before is None:
+                del os.environ[FLASH_MIN_ROWS_ENV]
+            else:
+                os.environ[FLASH_MIN_ROWS_ENV] = before
         return _Context(ctx, LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False))
 
     def _widest_exact_block(self) -> int:
         """The widest block (of the widths tried) whose logits equal one-token passes bit for bit, at the
         start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes).
 
-        With flash attention on and the project's patched build, every width up to 17 goes through
+        With the project's patched build and the attention _check_exact tries, every width up to 17 goes through
         kernels that sum a row as one token's pass does (the module docstring); a block is scored in pieces of
         the width found here, so exactness holds for any GGUF and any build (at worst one token a pass: exact,
         and no faster than plain decoding).
@@ -354,8 +382,8 @@ class LlamaCppBackend(Backend):
         first row (a step's); a block that starts with prompt tokens (the prompt's last chunk folded into the first
         step, which plain and speculative decoding prefill alike) has them and the pending token after them (the
         prompt's last) in calls of its own, as a prefill chunk (not scored) has all its rows. A call that narrow
-        scores every row as a pass of that row alone would (vec_dot, and flash attention's one-row kernel over the
-        row's own KV stream), whichever sequences share it."""
+        scores every row as a pass of that row alone would (vec_dot, and attention over the row's own KV stream that
+        sums each row alike in any pass that narrow: _exact_attentions), whichever sequences share it."""
         by_block = [
             [
                 (token, block.seq.length + i, block.seq.seq_id, i >= len(block.ids) - block.wanted, b)
@@ -416,6 +444,43 @@ def _prefill_pieces(rows: list, width: int, least: int) -> list[list]:
         both = pieces[-2] + pieces[-1]
         pieces[-2:] = [both[: len(both) - least], both[len(both) - least :]]
     return pieces
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """One way exact mode may run attention (the module docstring)."""
+
+    flash: bool  # llama.cpp's flash-attention kernel; else matmuls over K and V (V stored transposed)
+    f16_k: bool  # K cache in F16; else Q8_0
+    prefill_min_rows: int  # a prompt pass's least rows, from which its kernels sum a row as any pass that wide does
+    flash_min_rows: int = 0  # with flash: matmuls in passes narrower than this (patch 0005), V copied out transposed
+
+    def __str__(self) -> str:
+        kind = "flash attention" if self.flash else "attention as matmuls"
+        if self.flash and self.flash_min_rows:
+            kind = f"flash attention from {self.flash_min_rows} rows, matmuls below"
+        return f"{kind}, K in {'F16' if self.f16_k else 'Q8_0'}"
+
+
+def _exact_attentions(patches: frozenset[str], threads: int, heads: int) -> list[_Attention]:
+    """The ways exact mode may run attention on a build with these patches, the cheapest first; the last needs none
+    (docs/decisions/0013-exact-attention-without-flash.md):
+    - flash attention in a prompt's passes of TILED_ATTENTION_ROWS or more (its tiled kernel), matmuls in narrower
+      ones (patches 0004 and 0005): a verified block of 16 rows over 1500 tokens costs a fifth less than with
+      flash attention's one-row kernel, one row and a prompt the same;
+    - matmuls in every pass (patch 0004): blocks as cheap, a prompt a few percent dearer (its passes compute every
+      masked cell);
+    - flash attention, K in F16, where patch 0003 leaves one query's attention unsplit (threads at most the heads);
+    - flash attention, K in Q8_0 (a slower prefill: every prompt row takes the one-row kernel)."""
+    ways = []
+    if MATMUL_ATTENTION_PATCH in patches and FLASH_MIN_ROWS_PATCH in patches:
+        ways.append(_Attention(flash=True, f16_k=True, prefill_min_rows=TILED_ATTENTION_ROWS,
+                               flash_min_rows=TILED_ATTENTION_ROWS))  # fmt: skip
+    if MATMUL_ATTENTION_PATCH in patches:
+        ways.append(_Attention(flash=False, f16_k=True, prefill_min_rows=TILED_MATMUL_ROWS))
+    if SPLIT_KV_PATCH in patches and threads <= heads:
+        ways.append(_Attention(flash=True, f16_k=True, prefill_min_rows=TILED_ATTENTION_ROWS))
+    return [*ways, _Attention(flash=True, f16_k=False, prefill_min_rows=TILED_MATMUL_ROWS)]
 
 
 @dataclass(eq=False)
