@@ -395,14 +395,20 @@ def test_chunked_prefill_on_llamacpp_is_bitwise_a_whole_one(model):
     import torch
 
     from spekula import llamacpp_check
-    from spekula.backends.llamacpp import FLASH_MIN_ROWS_PATCH, SPLIT_KV_PATCH, TILED_ATTENTION_ROWS
+    from spekula.backends.llamacpp import (
+        FLASH_MIN_ROWS_PATCH,
+        MATMUL_ATTENTION_PATCH,
+        SPLIT_KV_PATCH,
+        TILED_ATTENTION_ROWS,
+    )
     from spekula.pipeline import load_model
 
     backend, codec = load_model(model, BackendConfig(runtime="llamacpp", threads=2, context_length=1024))
     ids = codec.encode(PASSAGE)
     assert len(ids) > 512 and backend.context_length == 1024  # --context-length reaches llama.cpp
     # on the project's build K stays F16, and a prompt's rows then take flash attention's tiled kernel from 64 rows
-    if {SPLIT_KV_PATCH, FLASH_MIN_ROWS_PATCH} & llamacpp_check.installed_patches():
+    patches = llamacpp_check.installed_patches()
+    if SPLIT_KV_PATCH in patches or {MATMUL_ATTENTION_PATCH, FLASH_MIN_ROWS_PATCH} <= patches:
         assert backend.exact_f16_k and backend.capabilities.prefill_min_rows == TILED_ATTENTION_ROWS
 
     def run(chunk: int | None) -> tuple[torch.Tensor, list[int]]:  # a fresh engine: nothing kept (prompt_cache)
