@@ -6,11 +6,13 @@ llama.cpp's eval callback copies the first token's row of every F32 node of both
 rows differ bit for bit is printed with its op and shapes. Settings as exact mode's (repacking on, flash
 attention on, K cache Q8_0); the library is the installed llama_cpp (PYTHONPATH may point at another build).
 
-    .venv/bin/python scripts/experiments/first_divergent_node.py [--width 8] [--prompt-tokens 100] [GGUF]
+    .venv/bin/python scripts/experiments/first_divergent_node.py [--width 8] [--prompt-tokens 100] [--no-flash] [GGUF]
 
 2026-12-04, this Intel Xeon (AVX-512), Qwen2.5-Coder-1.5B Q4_K_M, 1 thread: on the unpatched build, width 4:
 first difference at `Qcur-0` (MUL_MAT, the repacked Q4_K gemm); with the gemm patched, width 8: `Vcur-0` (MUL_MAT,
 Q6_K weights, ggml's tiled kernel from 8 rows); with both patched: no difference up to 17.
+With `--no-flash` (2026-12-04, 300 prompt tokens, 2 threads): before patch 0004, width 2 first differs at `kq-0`
+(a one-row F16 matmul by vec_dot, a wider one by tinyBLAS), logits 0.52 apart; with it, none at widths 2 and 16.
 """
 
 from __future__ import annotations
@@ -48,11 +50,14 @@ def observe(address, ask, _user):
     return True
 
 
-def context(model, threads: int):
+def context(model, threads: int, flash: bool):
     params = L.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_threads, params.n_threads_batch = 1024, 512, threads, threads
-    params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    params.type_k = L.GGML_TYPE_Q8_0
+    if flash:
+        params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = L.GGML_TYPE_Q8_0
+    else:  # attention as matmuls, K and V in F16 (docs/decisions/0013-exact-attention-without-flash.md)
+        params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     params.cb_eval = observe
     return L.llama_init_from_model(model, params)
 
@@ -73,6 +78,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-flash", action="store_true", help="attention as matmuls (K in F16) instead")
     args = parser.parse_args()
     L.llama_backend_init()
     params = L.llama_model_default_params()
@@ -85,14 +91,20 @@ def main() -> None:
     assert n >= len(prompt) + len(block)
     rows = {}
     for name, width in (("alone", 1), ("block", args.width)):
-        ctx = context(model, args.threads)
+        ctx = context(model, args.threads, flash=not args.no_flash)
         decode(ctx, prompt, 0)
         RECORD.clear()
         decode(ctx, block[:width], len(prompt))
         rows[name] = list(RECORD)
         L.llama_free(ctx)
     pairs = [(a, b) for a, b in zip(rows["alone"], rows["block"], strict=False) if a[3].shape == b[3].shape]
-    differ = [(a, b) for a, b in pairs if not np.array_equal(a[3], b[3])]
+    # K*Q's row holds every cell the pass reads; cells past the first token's position are masked, never summed
+    visible = args.prompt_tokens + 1
+    differ = [
+        (a, b)
+        for a, b in pairs
+        if not np.array_equal(*(r[3][:visible] if r[0].startswith("kq-") else r[3] for r in (a, b)))
+    ]
     if not differ:
         print(f"width {args.width}: the first token's row is the same bits at every node ({len(pairs)} nodes)")
         return
