@@ -232,7 +232,7 @@ def ask(server: Server, item: WorkItem, max_tokens: int, salt: str = "") -> dict
 def drafting(spec: dict) -> dict:
     """What spekula serve's `spec` object says the request drafted (llama-server sends none): target passes,
     drafts verified, tokens drafted and accepted, and steps by k, so a category's loss can be traced to its drafts."""
-    return {key: spec.get(key) for key in ("target_passes", "drafts", "drafted", "accepted", "k_chosen")}
+    return {key: spec.get(key) for key in ("target_passes", "drafts", "drafted", "accepted", "k_chosen", "timings")}
 
 
 def recount(row: dict, count) -> dict:

@@ -138,3 +138,13 @@ def test_a_server_without_a_proposer_takes_draft_none_only():
         )
     assert r.status_code == 400 and r.json()["error"]["param"] == "spec.draft"
     assert "must be 'none' on this server (it runs no proposer)" in r.json()["error"]["message"]
+
+
+def test_spec_says_where_the_request_s_time_went(fixed):
+    """`spec.timings`: the engine's seconds by stage, within the request's own time (a reader can tell the target's
+    passes from drafting and from the loop around them)."""
+    timings = ask(fixed.url, "/v1/completions")["spec"]["timings"]
+    assert set(timings) == {"prefill_s", "draft_s", "score_s", "accept_s", "advance_s", "total_s"}
+    stages = timings["draft_s"] + timings["score_s"] + timings["accept_s"] + timings["advance_s"]
+    assert timings["score_s"] > 0 and timings["draft_s"] > 0  # the fake target's passes and draft model take time
+    assert stages + timings["prefill_s"] <= timings["total_s"]

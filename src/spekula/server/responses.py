@@ -105,8 +105,16 @@ def spec(stats: RequestStats, ran: Speculation, guarantee: dict[str, Any] | None
         "acceptance_by_position": stats.acceptance_by_position,
         "ttft_s": stats.ttft_s,
         "tokens_per_s": stats.tokens_per_s,
+        "timings": timings(stats),
         **({"guarantee": guarantee} if guarantee is not None else {}),
     }
+
+
+def timings(stats: RequestStats) -> dict[str, float]:
+    """Seconds the engine spent on the request by stage (RequestStats): the prefill, then over the decode steps
+    drafting, scoring (target passes), accepting and advancing; `total_s` from admission to the last token, so
+    what the stages leave of it is the loop and the scheduler around them."""
+    return {key: getattr(stats, key) for key in ("prefill_s", "draft_s", "score_s", "accept_s", "advance_s", "total_s")}
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
