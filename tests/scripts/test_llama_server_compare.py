@@ -138,6 +138,14 @@ def test_a_streamed_answer_keeps_what_spekula_s_spec_object_says_it_drafted(scri
         "target_passes": 40,
         "k_chosen": {"0": 37, "3": 3},
         "alpha": 0.78,
+        "timings": {
+            "prefill_s": 0.3,
+            "draft_s": 0.01,
+            "score_s": 2.4,
+            "accept_s": 0.01,
+            "advance_s": 0.0,
+            "total_s": 2.8,
+        },
     }
     assert script.drafting(spec) == {
         "target_passes": 40,
@@ -145,6 +153,7 @@ def test_a_streamed_answer_keeps_what_spekula_s_spec_object_says_it_drafted(scri
         "drafted": 9,
         "accepted": 7,
         "k_chosen": {"0": 37, "3": 3},
+        "timings": spec["timings"],  # where the request's time went, by stage
     }
 
 
