@@ -112,8 +112,9 @@ def spec(stats: RequestStats, ran: Speculation, guarantee: dict[str, Any] | None
 
 def timings(stats: RequestStats) -> dict[str, float]:
     """Seconds the engine spent on the request by stage (RequestStats): the prefill, then over the decode steps
-    drafting, scoring (target passes), accepting and advancing; `total_s` from admission to the last token, so
-    what the stages leave of it is the loop and the scheduler around them."""
+    drafting, scoring (target passes), accepting and advancing; `total_s` from the start of its prefill to its end
+    (time queued before it is not in it), so what the stages leave of it is the loop and the scheduler around them,
+    other requests' steps included where several run at once."""
     return {key: getattr(stats, key) for key in ("prefill_s", "draft_s", "score_s", "accept_s", "advance_s", "total_s")}
 
 
