@@ -23,15 +23,16 @@ are closed:
   (patches 0004 and 0005) exact mode runs attention as matmuls in every pass narrower than TILED_ATTENTION_ROWS
   (llamafile's tinyBLAS sums each row of a pass of any width the same way, one row included) and as flash
   attention's tiled kernel in a prompt's wider passes, K and V in F16 (llama.cpp's default types; V stored
-  transposed); a block of 16 rows over a long context costs a fifth less than with flash attention's one-row
-  kernel, which scores each row alone, and a one-token pass and a prompt cost the same
-  (docs/decisions/0013-exact-attention-without-flash.md). `_exact_attentions` lists the ways, cheapest first, and
-  `_check_exact` takes the first that its load-time checks find exact. The older ways: flash attention in every
-  pass, K in F16 where the build's third patch takes ggml's split-KV path (which merges one query's partial sums
-  over 512 or more cells from several threads) only when the query's heads are fewer than the threads, and in
-  Q8_0 (`-ctk q8_0`, which that path never takes, and a slower prefill: every prompt row then goes through the
-  one-row kernel; docs/decisions/0012-prefill-chunks.md) otherwise. The default kernel without these patches
-  multiplies a block's queries as a matrix and one token's by vec_dot, so it is never taken unpatched.
+  transposed); a verified block over a long context costs less than with flash attention's one-row kernel,
+  which scores each row alone, while a one-token pass at a short context costs a little more and a prompt about
+  the same (docs/decisions/0013-exact-attention-without-flash.md has the figures and their commands).
+  `_exact_attentions` lists the ways, cheapest first, and `_check_exact` takes the first that its load-time checks
+  find exact. The older ways: flash attention in every pass, K in F16 where the build's third patch takes ggml's
+  split-KV path (which merges one query's partial sums over 512 or more cells from several threads) only when the
+  query's heads are fewer than the threads, and in Q8_0 (`-ctk q8_0`, which that path never takes, and a slower
+  prefill: every prompt row then goes through the one-row kernel; docs/decisions/0012-prefill-chunks.md) otherwise.
+  The default kernel without these patches multiplies a block's queries as a matrix and one token's by vec_dot, so it
+  is never taken unpatched.
 - a prompt's rows: a pass of the way's prefill_min_rows rows or more (TILED_ATTENTION_ROWS where flash
   attention's tiled kernel takes wide passes, else TILED_MATMUL_ROWS) computes a row as any other pass that wide
   does, a narrower one as a verified block does. So a prefill chunk's rows go in
@@ -466,8 +467,8 @@ def _exact_attentions(patches: frozenset[str], threads: int, heads: int) -> list
     """The ways exact mode may run attention on a build with these patches, the cheapest first; the last needs none
     (docs/decisions/0013-exact-attention-without-flash.md):
     - flash attention in a prompt's passes of TILED_ATTENTION_ROWS or more (its tiled kernel), matmuls in narrower
-      ones (patches 0004 and 0005): a verified block of 16 rows over 1500 tokens costs a fifth less than with
-      flash attention's one-row kernel, one row and a prompt the same;
+      ones (patches 0004 and 0005): a verified block over a long context costs less than with flash attention's
+      one-row kernel, a one-token pass at a short context a little more, a prompt about the same;
     - matmuls in every pass (patch 0004): blocks as cheap, a prompt a few percent dearer (its passes compute every
       masked cell);
     - flash attention, K in F16, where patch 0003 leaves one query's attention unsplit (threads at most the heads);
