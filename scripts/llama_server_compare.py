@@ -1,8 +1,8 @@
 """spekula serve against llama.cpp's own llama-server, plain and speculating, on a fresh and on a warm server.
 
-Starts every contender at once on loopback, on the same GGUF with the same threads, and sends each request
-to all of them, one request in flight at a time, the contenders' order rotating from request to request
-(so none always runs first). OpenAI chat requests, greedy (temperature 0), as a client sees them: tokens/s
+Starts every contender on loopback, one after another (each ready before the next starts), on the same GGUF with the
+same threads, and sends each request to all of them, one request in flight at a time, the contenders' order rotating
+from request to request (so none always runs first). OpenAI chat requests, greedy (temperature 0), as a client sees them: tokens/s
 per request is the answer's tokens over the request's wall time, its tokens counted by one rule for every
 contender: the target's tokenizer over the answer's text (`recount`). The servers' own `usage.completion_tokens`
 (kept as usage_tokens) do not count alike: llama-server counts the end-of-generation token it sampled, spekula
@@ -384,11 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "commands.txt").write_text("\n".join(shlex.join(portable(s.argv)) for s in live) + "\n")
     procs = []
     try:
+        # one after another: a server's load-time measurements (exact mode times its attention ways, the cost model
+        # its passes) must not run beside another's start (docs/decisions/0014-attention-way-by-measurement.md)
         for s in live:
             log = open(args.out / f"{s.name}.log", "w")
             env = dict(os.environ, HF_HUB_OFFLINE="1")
             procs.append(subprocess.Popen(s.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
-        for s in live:
             wait_ready(s, args.start_timeout)
         live = [replace(s, model=model_id(s)) for s in live]
         with open(args.out / "results.jsonl", "w") as log:

@@ -207,3 +207,44 @@ def test_categories_and_each_prompt_s_own_length_can_be_chosen(script, tmp_path,
             script.run_phase("cold", items, [server], args, log, 0, None)
         assert asked == expected
     assert max(i.max_tokens for i in items) > 96  # the two runs differ
+
+
+def test_each_server_is_ready_before_the_next_starts(script, tmp_path, monkeypatch):
+    """A server's load-time measurements (exact mode times its attention ways, docs/decisions/
+    0014-attention-way-by-measurement.md) must not run beside another server's start: the contenders start one
+    after another, and every one started is stopped when the run ends, here by a failure."""
+    import subprocess
+
+    import spekula.models
+
+    events = []
+
+    class Started:
+        def __init__(self, argv, **kwargs):
+            self.name = argv[0]
+            events.append(("start", self.name))
+
+        def terminate(self):
+            events.append(("stop", self.name))
+
+        def wait(self, timeout):
+            return 0
+
+    class Stop(Exception):
+        pass
+
+    def run_phase(*args, **kwargs):
+        raise Stop
+
+    live = [script.Server(name, [name], 0) for name in ("llama-server", "ngram-simple", "spekula")]
+    monkeypatch.setattr(spekula.models, "resolve", lambda model: type("M", (), {"gguf_path": "/m.gguf"}))
+    monkeypatch.setattr(script, "token_counter", lambda model: len)
+    monkeypatch.setattr(script, "servers", lambda args, gguf: live)
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    monkeypatch.setattr(script, "wait_ready", lambda server, timeout: events.append(("ready", server.name)))
+    monkeypatch.setattr(script, "model_id", lambda server: "m")
+    monkeypatch.setattr(script, "run_phase", run_phase)
+    with pytest.raises(Stop):
+        script.main([str(tmp_path / "out")])
+    names = [s.name for s in live]
+    assert events == [(what, n) for n in names for what in ("start", "ready")] + [("stop", n) for n in names]

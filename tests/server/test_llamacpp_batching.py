@@ -149,32 +149,68 @@ def test_where_batched_passes_are_not_exact_exact_mode_steps_requests_one_at_a_t
     assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
 
 
-def test_exact_mode_takes_the_cheapest_attention_its_checks_find_exact_and_falls_back_where_they_fail(monkeypatch):
-    """On the project's build exact mode takes the first way of `_exact_attentions` (flash attention from 64 rows,
-    matmuls below: docs/decisions/0013-exact-attention-without-flash.md), and its load-time checks pass under it.
-    Where a way's prompt passes are not chunk invariant (LlamaCppBackend._prefills_in_any_chunks), the next way is
-    taken; where none is, flash attention with K in Q8_0 and prompts in passes of 32 rows or more, still exact and
-    batching (docs/decisions/0012-prefill-chunks.md)."""
+def priced(monkeypatch, flash_row: float, matmul_row: float) -> None:
+    """The load-time checks report these seconds a one-token pass for a way whose one-token passes run flash
+    attention's one-row kernel and for one whose run matmuls, whatever they measured (the widths stay measured)."""
+    measured = llamacpp.LlamaCppBackend._widest_exact_block
+
+    def widest(self):
+        width, _ = measured(self)
+        one_row_flash = self.flash_attention and self.flash_min_rows <= 1
+        return width, flash_row if one_row_flash else matmul_row
+
+    monkeypatch.setattr(llamacpp.LlamaCppBackend, "_widest_exact_block", widest)
+
+
+def taken(backend) -> tuple[bool, bool, int]:
+    return backend.flash_attention, backend.exact_f16_k, backend.flash_min_rows
+
+
+def way(attention) -> tuple[bool, bool, int]:
+    return attention.flash, attention.f16_k, attention.flash_min_rows
+
+
+def test_exact_mode_takes_the_way_whose_one_token_pass_its_checks_timed_cheaper_and_falls_back_where_they_fail(
+    monkeypatch,
+):
+    """On the project's build exact mode checks the first way of `_exact_attentions` (flash attention from 64 rows,
+    matmuls below) and the first after it whose one-token passes run flash attention's one-row kernel (flash attention,
+    K in F16), and takes the one whose one-token pass cost less in its checks, the later only by more than WAY_MARGIN
+    (docs/decisions/0014-attention-way-by-measurement.md); the contexts open are the taken way's. Where a way's prompt
+    passes are not chunk invariant (LlamaCppBackend._prefills_in_any_chunks), the next is compared; where none is,
+    flash attention with K in Q8_0 and prompts in passes of 32 rows or more, still exact and batching (docs/decisions/
+    0012-prefill-chunks.md)."""
     from spekula import llamacpp_check
 
     config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=3, context_length=256)
-    checked, _ = load_model("smollm2-135m", config)
     ways = llamacpp._exact_attentions(llamacpp_check.installed_patches(), 2, 9)  # SmolLM2-135M: 9 heads
-    first = ways[0]
-    assert (checked.flash_attention, checked.exact_f16_k, checked.flash_min_rows) == (
-        first.flash, first.f16_k, first.flash_min_rows)  # fmt: skip
-    assert checked.capabilities.prefill_min_rows == first.prefill_min_rows
+    checked, _ = load_model("smollm2-135m", config)  # as measured on this machine
     assert checked.exact_width == llamacpp.EXACT_WIDTHS[0] and checked.capabilities.batching
-    if len(ways) > 2:  # the project's build: the next way where the first's prompt passes fail
+    assert checked.attention is not None and taken(checked) == way(checked.attention)
+    assert checked.capabilities.prefill_min_rows == checked.attention.prefill_min_rows
+    seconds = list(checked.one_token_seconds.values())
+    assert len(seconds) == (2 if len(ways) > 2 else 1) and all(s > 0 for s in seconds)
+    assert str(checked.attention) == list(checked.one_token_seconds)[llamacpp._cheapest(seconds)]
+    if len(ways) > 2:  # the project's build: the first way against flash attention with K in F16
+        first, flash = ways[0], ways[2]
+        assert not first.one_row_flash and flash.one_row_flash and flash.f16_k
+        for flash_row, expected in ((1.0, flash), (2.0, first), (1.01, first)):  # 1.01: within the margin
+            priced(monkeypatch, flash_row=flash_row, matmul_row=1.03)
+            backend, _ = load_model("smollm2-135m", config)
+            assert taken(backend) == way(expected) and backend.attention == expected
+            assert backend.capabilities.prefill_min_rows == expected.prefill_min_rows
+            assert backend.exact_width == llamacpp.EXACT_WIDTHS[0] and backend.capabilities.batching
+            seq = backend.new_sequence()
+            assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
         second = ways[1]
 
         def all_but_the_first(self, rows: int) -> bool:
             return (self.flash_attention, self.flash_min_rows) != (first.flash, first.flash_min_rows)
 
         monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", all_but_the_first)
-        backend, _ = load_model("smollm2-135m", config)
-        assert (backend.flash_attention, backend.flash_min_rows) == (second.flash, second.flash_min_rows)
-        assert backend.capabilities.prefill_min_rows == second.prefill_min_rows and backend.capabilities.batching
+        backend, _ = load_model("smollm2-135m", config)  # matmuls everywhere, then the same comparison
+        assert taken(backend) == way(second) and backend.capabilities.prefill_min_rows == second.prefill_min_rows
+        assert backend.capabilities.batching
     monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", lambda self, rows: False)
     backend, _ = load_model("smollm2-135m", config)
     caps = backend.capabilities

@@ -15,7 +15,9 @@ from spekula.backends.llamacpp import (
     SPLIT_KV_PATCH,
     TILED_ATTENTION_ROWS,
     TILED_MATMUL_ROWS,
+    WAY_MARGIN,
     _Attention,
+    _cheapest,
     _exact_attentions,
 )
 
@@ -71,3 +73,20 @@ def test_the_flash_attention_width_is_set_only_while_a_context_is_created(monkey
             backend._new_context(256)
         assert seen[-1] == str(TILED_ATTENTION_ROWS)
         assert os.environ.get(llamacpp.FLASH_MIN_ROWS_ENV) == before
+
+
+def test_a_later_way_is_taken_only_where_its_one_token_pass_costs_less_by_more_than_the_margin():
+    """LlamaCppBackend._check_exact's choice between the exact ways it compared (in order of preference): which is
+    cheaper follows the CPU, and a tie within WAY_MARGIN keeps the earlier."""
+    assert _cheapest([0.0266]) == 0
+    assert _cheapest([0.0266, 0.0236]) == 1  # the one-token passes of docs/decisions/0014's AMD EPYC
+    assert _cheapest([0.0236, 0.0266]) == 0
+    assert _cheapest([1.0, 1.0 - WAY_MARGIN / 2]) == 0  # within the margin
+    assert _cheapest([1.0, 1.0 - 2 * WAY_MARGIN]) == 1
+    assert _cheapest([1.0, float("inf")]) == 0
+    assert _cheapest([1.0, 0.9, 0.89]) == 1  # measured against the way kept so far
+
+
+def test_a_way_says_which_kernel_its_one_token_passes_take():
+    ways = _exact_attentions(frozenset({SPLIT_KV_PATCH, MATMUL_ATTENTION_PATCH, FLASH_MIN_ROWS_PATCH}), 2, 12)
+    assert [w.one_row_flash for w in ways] == [False, False, True, True]

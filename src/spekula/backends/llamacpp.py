@@ -19,18 +19,19 @@ are closed:
 - weights: the build patches llama.cpp (patches/llamacpp/, applied by spekula.llamacpp_build) so that its
   repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, and ggml's tiled K-quant
   kernel (another summation order) takes over only from 32 rows, past any verified block;
-- attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build
-  (patches 0004 and 0005) exact mode runs attention as matmuls in every pass narrower than TILED_ATTENTION_ROWS
-  (llamafile's tinyBLAS sums each row of a pass of any width the same way, one row included) and as flash
-  attention's tiled kernel in a prompt's wider passes, K and V in F16 (llama.cpp's default types; V stored
-  transposed); a verified block over a long context costs less than with flash attention's one-row kernel,
-  which scores each row alone, while a one-token pass at a short context costs a little more and a prompt about
-  the same (docs/decisions/0013-exact-attention-without-flash.md has the figures and their commands).
-  `_exact_attentions` lists the ways, cheapest first, and `_check_exact` takes the first that its load-time checks
-  find exact. The older ways: flash attention in every pass, K in F16 where the build's third patch takes ggml's
-  split-KV path (which merges one query's partial sums over 512 or more cells from several threads) only when the
-  query's heads are fewer than the threads, and in Q8_0 (`-ctk q8_0`, which that path never takes, and a slower
-  prefill: every prompt row then goes through the one-row kernel; docs/decisions/0012-prefill-chunks.md) otherwise.
+- attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build two ways
+  do, K and V in F16 (llama.cpp's default types) and a prompt's passes of TILED_ATTENTION_ROWS or more in flash
+  attention's tiled kernel: (patches 0004 and 0005) attention as matmuls in every narrower pass (llamafile's tinyBLAS
+  sums each row of a pass of any width the same way, one row included; V stored transposed), whose verified blocks
+  over a long context cost less than flash attention's one-row kernel, which scores each row alone (docs/decisions/
+  0013-exact-attention-without-flash.md); and (patch 0003) flash attention in every pass, whose one-token pass costs
+  less on some CPUs (docs/decisions/0014-attention-way-by-measurement.md). `_exact_attentions` lists
+  the ways in order of preference; `_check_exact` takes the first that its load-time checks find exact, unless the
+  first exact one whose one-token passes take the other kernel costs less a one-token pass in those checks, by more
+  than WAY_MARGIN. Patch 0003 takes ggml's split-KV path (which merges one query's partial sums over 512 or more
+  cells from several threads) only when the query's heads are fewer than the threads; where that does not hold, K in
+  Q8_0 (`-ctk q8_0`, which that path never takes, and a slower prefill: every prompt row then goes through the one-row
+  kernel; docs/decisions/0012-prefill-chunks.md), the fallback.
   The default kernel without these patches multiplies a block's queries as a matrix and one token's by vec_dot, so it
   is never taken unpatched.
 - a prompt's rows: a pass of the way's prefill_min_rows rows or more (TILED_ATTENTION_ROWS where flash
@@ -62,6 +63,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -94,6 +96,11 @@ TILED_MATMUL_ROWS = 32
 TILED_ATTENTION_ROWS = 64
 log = logging.getLogger("spekula.llamacpp")
 
+# Exact mode compares a way whose one-token passes run flash attention's one-row kernel with one whose run matmuls (the
+# first exact of each in _exact_attentions' order) by what a one-token pass cost in its load-time checks, and takes the
+# later only where it costs less by more than this share: which is cheaper follows the CPU (docs/decisions/
+# 0014-attention-way-by-measurement.md), and a margin keeps a tie from flipping the way between loads.
+WAY_MARGIN = 0.02
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 # Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
 # pass reads 512 KV cells (llama.cpp pads the cells a pass reads to 256) and other kernel paths begin.
@@ -150,6 +157,8 @@ class LlamaCppBackend(Backend):
         self.exact_f16_k = False  # exact mode's K cache in F16 rather than Q8_0 (_check_exact)
         self.flash_min_rows = 0  # with flash attention, matmuls in passes narrower than this (_Attention)
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
+        self.attention: _Attention | None = None  # exact mode's way of running attention (_check_exact)
+        self.one_token_seconds: dict[str, float] = {}  # by way compared: a one-token pass in the checks
         if self.exact:
             heads = int(llama_cpp.llama_model_n_head(self.model.model))
             ways = _exact_attentions(llamacpp_check.installed_patches(), self.threads, heads)
@@ -181,28 +190,48 @@ class LlamaCppBackend(Backend):
             self._pool.append(probe)
 
     def _check_exact(self, context_length: int, attentions: list[_Attention]) -> None:
-        """Exact mode's checks at load. The first of `attentions` (cheapest first) under which a prompt's rows hold
-        the same bits in any chunks of its prefill_min_rows or more and blocks of every width tried are exact is
-        taken; the last (flash attention, K in Q8_0) is taken anyway, at whatever width is exact. Then (with a shared
-        context) whether rows of several sequences batched in one call are exact too; where they are not, no
-        batching."""
+        """Exact mode's checks at load. A way is exact where a prompt's rows hold the same bits in any chunks of its
+        prefill_min_rows or more and blocks of every width tried are exact; the last of `attentions` (flash attention,
+        K in Q8_0) is taken anyway, at whatever width is exact, where no other is. Of the first exact way (cheapest
+        first) and the first exact one after it whose one-token passes take the other kernel (flash attention's
+        one-row kernel or matmuls; not the last way, whose prompts are dearer), the one whose one-token passes cost
+        less in the checks is taken, the later only by more than WAY_MARGIN (_cheapest). Then (with a shared context)
+        whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
+        checked: list[tuple[_Attention, int, float]] = []  # exact ways: the way, its width, s a one-token pass
         for attention in attentions:
-            self.flash_attention, self.exact_f16_k = attention.flash, attention.f16_k
-            self.flash_min_rows = attention.flash_min_rows
-            self._open_contexts(context_length)
+            last = attention is attentions[-1]
+            if checked and (last or attention.one_row_flash == checked[0][0].one_row_flash):
+                continue  # nothing to compare: the first's one-token kernel, or the fallback
+            self._open_way(context_length, attention)
             self.exact_width = N_BATCH  # the checks' passes go as _decode sends them before the width is known
             # the last is taken whatever its prompt passes do (exact mode's setting before K went back to F16)
-            chunked = attention is attentions[-1] or self._prefills_in_any_chunks(attention.prefill_min_rows)
-            self.exact_width = self._widest_exact_block() if chunked else 1
-            if attention is attentions[-1] or self.exact_width == EXACT_WIDTHS[0]:
-                break
-            log.warning(f"llama.cpp with {attention} is not exact at every width on this build: trying the next")
+            chunked = last or self._prefills_in_any_chunks(attention.prefill_min_rows)
+            width, seconds = self._widest_exact_block() if chunked else (1, float("inf"))
+            if width == EXACT_WIDTHS[0] or (last and not checked):
+                checked.append((attention, width, seconds))
+                if len(checked) == 2:
+                    break
+            else:
+                log.warning(f"llama.cpp with {attention} is not exact at every width on this build: trying the next")
+        attention, width, _ = checked[_cheapest([seconds for *_, seconds in checked])]
+        if attention is not checked[-1][0]:  # the contexts open are the last checked way's
+            self._open_way(context_length, attention)
+        self.exact_width, self.attention = width, attention
+        self.one_token_seconds = {str(way): seconds for way, _, seconds in checked}  # what the choice saw
+        log.info(f"exact mode takes {attention}: " + ", ".join(
+            f"{way}: {1000 * seconds:.1f} ms a one-token pass" for way, _, seconds in checked))  # fmt: skip
         rows = attention.prefill_min_rows
         self.capabilities = replace(self.capabilities, block_invariant=True, prefill_min_rows=rows)
         if self._shared is not None and not self._batches_exactly():
             # every sequence's passes alone then, each in its own stream: exact, one request at a time
             log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
             self.capabilities = replace(self.capabilities, batching=False)
+
+    def _open_way(self, context_length: int, attention: _Attention) -> None:
+        """This backend's contexts opened anew with exact mode's attention run `attention`'s way."""
+        self.flash_attention, self.exact_f16_k = attention.flash, attention.f16_k
+        self.flash_min_rows = attention.flash_min_rows
+        self._open_contexts(context_length)
 
     def _new_context(self, n_ctx: int, sequences: int = 1) -> _Context:
         import llama_cpp
@@ -236,9 +265,10 @@ class LlamaCppBackend(Backend):
                 os.environ[FLASH_MIN_ROWS_ENV] = before
         return _Context(ctx, LlamaBatch(n_tokens=N_BATCH, embd=0, n_seq_max=1, verbose=False))
 
-    def _widest_exact_block(self) -> int:
+    def _widest_exact_block(self) -> tuple[int, float]:
         """The widest block (of the widths tried) whose logits equal one-token passes bit for bit, at the
-        start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes).
+        start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes), and the median seconds of
+        those one-token passes (what _check_exact compares ways by).
 
         With the project's patched build and the attention _check_exact tries, every width up to 17 goes through
         kernels that sum a row as one token's pass does (the module docstring); a block is scored in pieces of
@@ -250,20 +280,26 @@ class LlamaCppBackend(Backend):
         filler = [(self.vocab_size // 3 + 7 * i) % self.vocab_size for i in range(EXACT_CHECK_AT)]
         seq = self.new_sequence()
         widest = EXACT_WIDTHS[0]
+        seconds: list[float] = []
         try:
             for start in (s for s in starts if s >= 0):
                 seq.truncate(0)
                 if start:
                     seq.forward(filler[:start], num_logits=1)
-                single = torch.cat([seq.forward([t]) for t in tokens])
+                rows = []
+                for token in tokens:
+                    began = time.perf_counter()
+                    rows.append(seq.forward([token]))
+                    seconds.append(time.perf_counter() - began)
+                single = torch.cat(rows)
                 for width in (w for w in EXACT_WIDTHS if w <= widest):
                     seq.truncate(start)
                     if torch.equal(seq.forward(tokens[:width]), single[:width]):
                         break
                 else:
-                    return 1
+                    return 1, min(seconds)
                 widest = width
-            return widest
+            return widest, min(seconds)
         finally:
             seq.release()
 
@@ -456,6 +492,11 @@ class _Attention:
     prefill_min_rows: int  # a prompt pass's least rows, from which its kernels sum a row as any pass that wide does
     flash_min_rows: int = 0  # with flash: matmuls in passes narrower than this (patch 0005), V copied out transposed
 
+    @property
+    def one_row_flash(self) -> bool:
+        """A one-token pass runs flash attention's one-row kernel (else matmuls)."""
+        return self.flash and self.flash_min_rows <= 1
+
     def __str__(self) -> str:
         kind = "flash attention" if self.flash else "attention as matmuls"
         if self.flash and self.flash_min_rows:
@@ -463,12 +504,23 @@ class _Attention:
         return f"{kind}, K in {'F16' if self.f16_k else 'Q8_0'}"
 
 
+def _cheapest(seconds: list[float], margin: float = WAY_MARGIN) -> int:
+    """Which of the ways listed in order of preference with what a one-token pass cost in each to take: the first,
+    unless a later one costs less than the way kept so far by more than `margin` of it."""
+    kept = 0
+    for i, cost in enumerate(seconds):
+        if cost < seconds[kept] * (1 - margin):
+            kept = i
+    return kept
+
+
 def _exact_attentions(patches: frozenset[str], threads: int, heads: int) -> list[_Attention]:
-    """The ways exact mode may run attention on a build with these patches, the cheapest first; the last needs none
-    (docs/decisions/0013-exact-attention-without-flash.md):
+    """The ways exact mode may run attention on a build with these patches, in order of preference; the last needs
+    none (docs/decisions/0013-exact-attention-without-flash.md; which one-token pass is cheaper follows the CPU, and
+    _check_exact measures it: docs/decisions/0014-attention-way-by-measurement.md):
     - flash attention in a prompt's passes of TILED_ATTENTION_ROWS or more (its tiled kernel), matmuls in narrower
       ones (patches 0004 and 0005): a verified block over a long context costs less than with flash attention's
-      one-row kernel, a one-token pass at a short context a little more, a prompt about the same;
+      one-row kernel, a prompt about the same, a one-token pass more or less by CPU;
     - matmuls in every pass (patch 0004): blocks as cheap, a prompt a few percent dearer (its passes compute every
       masked cell);
     - flash attention, K in F16, where patch 0003 leaves one query's attention unsplit (threads at most the heads);
