@@ -2,8 +2,8 @@
 
 Starts every contender on loopback, one after another (each ready before the next starts), on the same GGUF with the
 same threads, and sends each request to all of them, one request in flight at a time, the contenders' order rotating
-from request to request (so none always runs first). OpenAI chat requests, greedy (temperature 0), as a client sees them: tokens/s
-per request is the answer's tokens over the request's wall time, its tokens counted by one rule for every
+from request to request (so none always runs first). OpenAI chat requests, greedy (temperature 0), as a client sees
+them: tokens/s per request is the answer's tokens over the request's wall time, its tokens counted by one rule for every
 contender: the target's tokenizer over the answer's text (`recount`). The servers' own `usage.completion_tokens`
 (kept as usage_tokens) do not count alike: llama-server counts the end-of-generation token it sampled, spekula
 does not, so on an answer that ends there llama-server would claim one token more for the same text and time.
