@@ -176,8 +176,9 @@ def test_exact_mode_takes_the_way_whose_one_token_pass_its_checks_timed_cheaper_
     """On the project's build exact mode checks the first way of `_exact_attentions` (flash attention from 64 rows,
     matmuls below) and the first after it whose one-token passes run flash attention's one-row kernel (flash attention,
     K in F16), and takes the one whose one-token pass cost less in its checks, the later only by more than WAY_MARGIN
-    (docs/decisions/0014-attention-way-by-measurement.md); the contexts open are the taken way's. Where a way's prompt
-    passes are not chunk invariant (LlamaCppBackend._prefills_in_any_chunks), the next is compared; where none is,
+    (docs/decisions/0014-attention-way-by-measurement.md); the contexts open are the taken way's, also where the way
+    compared failed its checks after the first passed. Where a way's prompt passes are not chunk invariant
+    (LlamaCppBackend._prefills_in_any_chunks), the next is compared; where none is,
     flash attention with K in Q8_0 and prompts in passes of 32 rows or more, still exact and batching (docs/decisions/
     0012-prefill-chunks.md)."""
     from spekula import llamacpp_check
@@ -202,11 +203,21 @@ def test_exact_mode_takes_the_way_whose_one_token_pass_its_checks_timed_cheaper_
             assert backend.exact_width == llamacpp.EXACT_WIDTHS[0] and backend.capabilities.batching
             seq = backend.new_sequence()
             assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
+
+        def all_but_flash(self, rows: int) -> bool:  # the way compared is not exact: the first's contexts again
+            return (self.flash_attention, self.flash_min_rows) != (flash.flash, flash.flash_min_rows)
+
+        priced(monkeypatch, flash_row=1.0, matmul_row=2.0)
+        monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", all_but_flash)
+        backend, _ = load_model("smollm2-135m", config)
+        assert taken(backend) == way(first) and backend.attention == first and len(backend.one_token_seconds) == 1
+        assert backend.exact_width == llamacpp.EXACT_WIDTHS[0] and backend.capabilities.batching
         second = ways[1]
 
         def all_but_the_first(self, rows: int) -> bool:
             return (self.flash_attention, self.flash_min_rows) != (first.flash, first.flash_min_rows)
 
+        priced(monkeypatch, flash_row=2.0, matmul_row=1.0)
         monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", all_but_the_first)
         backend, _ = load_model("smollm2-135m", config)  # matmuls everywhere, then the same comparison
         assert taken(backend) == way(second) and backend.capabilities.prefill_min_rows == second.prefill_min_rows

@@ -192,17 +192,19 @@ class LlamaCppBackend(Backend):
     def _check_exact(self, context_length: int, attentions: list[_Attention]) -> None:
         """Exact mode's checks at load. A way is exact where a prompt's rows hold the same bits in any chunks of its
         prefill_min_rows or more and blocks of every width tried are exact; the last of `attentions` (flash attention,
-        K in Q8_0) is taken anyway, at whatever width is exact, where no other is. Of the first exact way (cheapest
-        first) and the first exact one after it whose one-token passes take the other kernel (flash attention's
+        K in Q8_0) is taken anyway, at whatever width is exact, where no other is. Of the first exact way (in order of
+        preference) and the first exact one after it whose one-token passes take the other kernel (flash attention's
         one-row kernel or matmuls; not the last way, whose prompts are dearer), the one whose one-token passes cost
         less in the checks is taken, the later only by more than WAY_MARGIN (_cheapest). Then (with a shared context)
         whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
         checked: list[tuple[_Attention, int, float]] = []  # exact ways: the way, its width, s a one-token pass
+        opened: _Attention | None = None  # the way whose contexts are open
         for attention in attentions:
             last = attention is attentions[-1]
             if checked and (last or attention.one_row_flash == checked[0][0].one_row_flash):
                 continue  # nothing to compare: the first's one-token kernel, or the fallback
             self._open_way(context_length, attention)
+            opened = attention
             self.exact_width = N_BATCH  # the checks' passes go as _decode sends them before the width is known
             # the last is taken whatever its prompt passes do (exact mode's setting before K went back to F16)
             chunked = last or self._prefills_in_any_chunks(attention.prefill_min_rows)
@@ -214,7 +216,7 @@ class LlamaCppBackend(Backend):
             else:
                 log.warning(f"llama.cpp with {attention} is not exact at every width on this build: trying the next")
         attention, width, _ = checked[_cheapest([seconds for *_, seconds in checked])]
-        if attention is not checked[-1][0]:  # the contexts open are the last checked way's
+        if attention is not opened:  # another way was checked after it (exact or not)
             self._open_way(context_length, attention)
         self.exact_width, self.attention = width, attention
         self.one_token_seconds = {str(way): seconds for way, _, seconds in checked}  # what the choice saw
@@ -267,8 +269,8 @@ class LlamaCppBackend(Backend):
 
     def _widest_exact_block(self) -> tuple[int, float]:
         """The widest block (of the widths tried) whose logits equal one-token passes bit for bit, at the
-        start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes), and the median seconds of
-        those one-token passes (what _check_exact compares ways by).
+        start of a context and past EXACT_CHECK_AT tokens (or as far as the context goes), and the seconds of the
+        fastest of those one-token passes (what _check_exact compares ways by: other work only adds to a pass).
 
         With the project's patched build and the attention _check_exact tries, every width up to 17 goes through
         kernels that sum a row as one token's pass does (the module docstring); a block is scored in pieces of
