@@ -156,8 +156,8 @@ def priced(monkeypatch, flash_row: float, matmul_row: float) -> None:
 
     def widest(self):
         width, _ = measured(self)
-        one_row_flash = self.flash_attention and self.flash_min_rows <= 1
-        return width, flash_row if one_row_flash else matmul_row
+        checking = llamacpp._Attention(self.flash_attention, self.exact_f16_k, 0, self.flash_min_rows)
+        return width, flash_row if checking.one_row_flash else matmul_row
 
     monkeypatch.setattr(llamacpp.LlamaCppBackend, "_widest_exact_block", widest)
 
