@@ -8,8 +8,9 @@ contender: the target's tokenizer over the answer's text (`recount`). The server
 (kept as usage_tokens) do not count alike: llama-server counts the end-of-generation token it sampled, spekula
 does not, so on an answer that ends there llama-server would claim one token more for the same text and time.
 
-The built-in suite (src/spekula/bench/suite) is split three ways, each category's prompts dealt in turn (an
-edit session's two turns stay together, in order): set A, set B and the warm-up set W.
+The prompts (`--workload`: the built-in suite, src/spekula/bench/suite, which the controller was tuned on, or a JSON
+Lines file of held-out prompts in `spekula bench --workload`'s format) are split three ways, each category's prompts
+dealt in turn (an edit session's two turns stay together, in order): set A, set B and the warm-up set W.
 
 1. cold: set A on the freshly started servers;
 2. warm-up: set W, not reported (it fills each server's memory: spekula's suffix cache of earlier answers,
@@ -33,6 +34,7 @@ contender), OUT/table.md, OUT/commands.txt and each server's log; the last line 
 
     .venv/bin/python scripts/llama_server_compare.py OUT [--max-tokens 96] [--warmup-rounds 1]
     .venv/bin/python scripts/llama_server_compare.py OUT --max-tokens 0 --categories code-editing,repeat-editing,...
+    .venv/bin/python scripts/llama_server_compare.py OUT --workload HELD-OUT.jsonl
     .venv/bin/python scripts/llama_server_compare.py OUT --retable   # OUT/table.md again from OUT/results.jsonl
 """
 
@@ -54,7 +56,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spekula.bench.manifest import portable
-from spekula.bench.workloads import TURN, WorkItem, builtin_workload, conversation_order
+from spekula.bench.workloads import BUILTIN, TURN, WorkItem, WorkloadError, conversation_order, load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = "llama-server"
@@ -90,7 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-tokens", type=int, default=96, help="at most this many tokens an answer; 0: each prompt's own"
     )
     ap.add_argument(
-        "--categories", help="comma-separated: only the suite's prompts of these categories (default: every one)"
+        "--workload",
+        default=BUILTIN,
+        help="the prompts: 'builtin' (the shipped suite, which the controller was tuned on; the default) or a JSON "
+        "Lines file in `spekula bench --workload`'s format, e.g. held-out prompts kept outside the repository",
+    )
+    ap.add_argument(
+        "--categories", help="comma-separated: only the workload's prompts of these categories (default: every one)"
     )
     ap.add_argument("--warmup-rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0, help="the order of each set")
@@ -108,8 +116,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--contenders: choose from {', '.join(CONTENDERS)}, {PLAIN} included (the baseline)")
     if args.max_tokens < 0:
         ap.error(f"--max-tokens must be 0 (each prompt's own) or more, got {args.max_tokens}")
+    if args.retable:
+        return args
+    try:
+        args.items = load_workload(args.workload)
+    except WorkloadError as e:
+        ap.error(f"--workload: {e}")
     if args.categories is not None:
-        known = sorted({item.category for item in builtin_workload()})
+        known = sorted({item.category for item in args.items})
         args.categories = [c.strip() for c in args.categories.split(",") if c.strip()]
         if not args.categories or set(args.categories) - set(known):
             ap.error(f"--categories: choose from {', '.join(known)}, got {args.categories}")
@@ -117,9 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def workload(args: argparse.Namespace) -> list[WorkItem]:
-    """The suite's prompts of --categories (every one by default)."""
-    items = builtin_workload()
-    return [item for item in items if args.categories is None or item.category in args.categories]
+    """The workload's prompts of --categories (every one by default)."""
+    return [item for item in args.items if args.categories is None or item.category in args.categories]
 
 
 def split_suite(items: list[WorkItem], seed: int) -> dict[str, list[WorkItem]]:
@@ -412,7 +425,7 @@ def write_table(args, rows: list[dict], sets: dict) -> int:
     text, summary = table(rows, contenders)
     (args.out / "table.md").write_text(text)
     print(text)
-    print(json.dumps({"out": str(args.out), "sets": sets, "summary": summary}))
+    print(json.dumps({"out": str(args.out), "workload": args.workload, "sets": sets, "summary": summary}))
     return 0
 
 

@@ -13,7 +13,7 @@ with the best speedup that width allows (every drafted token accepted, drafting 
 Usage (catalogue names or paths; loads the weights, downloads nothing):
 
     .venv/bin/python scripts/pass_costs.py [--runtime transformers|native|llamacpp] [--dtype float32]
-        [--context 60] [--repeats 3] [--widths 1,9,17,33] [MODEL ...]
+        [--context 60] [--repeats 3] [--widths 1,9,17,33] [--no-exact] [MODEL ...]
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--runtime", default="transformers", help="transformers, native or llamacpp")
+    ap.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp: exact mode's kernels and widths (the default), or llama.cpp's own (--no-exact), as "
+        "`spekula generate --exact` (a width past the exact one is then timed as the pieces exact mode scores it in)",
+    )
     ap.add_argument("--context", type=int, default=60, help="tokens in the cache before the timed pass")
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per width; the median is printed")
     ap.add_argument("--widths", type=widths, default=widths("1,2,5,9"), help="comma-separated block widths S to time")
@@ -83,7 +90,8 @@ def bound_at_full_acceptance(width: int, seconds: float, single: float) -> float
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     for name in args.models:
-        backend, codec = load_model(name, BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.runtime))
+        config = BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.runtime, exact=args.exact)
+        backend, codec = load_model(name, config)
         ids = codec.encode(PROMPT * (args.context // 4 + 1))[: args.context]
         single = None
         for n, seconds in time_passes(backend, ids, args.widths, args.repeats):

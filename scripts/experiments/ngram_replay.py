@@ -34,7 +34,7 @@ position, over every position of the outputs: what `--k auto` learns. An experim
 maintained tool (scripts/experiments/README.md).
 
     .venv/bin/python scripts/experiments/ngram_replay.py RESULTS.json --costs 1:S1,2:S2,5:S5,9:S9 \\
-        --draft ngram,suffix --k auto,oracle,perfect --categories code-editing
+        --draft ngram,suffix --k auto,oracle,perfect --categories code-editing [--max-tokens 96]
 
 where Sn is the seconds a target pass of n tokens takes (scripts/pass_costs.py prints them in ms).
 """
@@ -138,6 +138,13 @@ class Request:
 class Replayed:
     seconds: float  # decode time: the target passes at their widths' costs
     passes: int
+
+
+def truncated(request: Request, cap: int) -> Request:
+    """The request as a run with max_tokens = cap would have emitted it: the first cap tokens of its output, ended by
+    its stop token only where that came before the cap."""
+    stopped = request.stopped and len(request.output) < cap
+    return Request(request.prompt_id, request.category, request.prompt, request.output[:cap], stopped, cap)
 
 
 def replay_engine(draft: str, spec: SpecConfig, costs: CostModel, backend: ReplayBackend) -> Engine:
@@ -375,12 +382,15 @@ def main() -> int:
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--ngram-min", type=int, default=1)
     ap.add_argument("--k-max", type=int, default=K_MAX, help=f"k=auto's and the oracles' longest draft ({K_MAX})")
+    ap.add_argument("--max-tokens", type=int, help="replay only each output's first N tokens (a run with max_tokens N)")
     args = ap.parse_args()
 
     if not args.by_class and not args.costs:
         ap.error("give --costs (or --by-class)")
     wanted = set(args.categories.split(",")) if args.categories else None
     requests, vocab = load_requests(args.results)
+    if args.max_tokens is not None:
+        requests = [truncated(r, args.max_tokens) for r in requests]
     if args.by_class:
         counts: dict[DraftClass, list[list[int]]] = {}
         spec = SpecConfig(k=None, ngram_max=args.ngram_max, ngram_min=args.ngram_min)

@@ -40,7 +40,7 @@ from spekula.cost import CostModel  # noqa: E402
 from spekula.draft_class import NO_DRAFT, draft_source  # noqa: E402
 from spekula.trace import ListTrace  # noqa: E402
 
-from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine  # noqa: E402
+from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine, truncated  # noqa: E402
 
 
 def run(engine, request: Request) -> tuple[float, dict[str, list[int]]]:
@@ -85,10 +85,7 @@ def by_category(requests: list[Request], table: dict[int, float], vocab, cap: in
     each of them also on a fresh engine (cold). Per category, the median and lowest decode speedup over plain
     decoding; then the geometric mean over all requests."""
     if cap is not None:  # the first `cap` tokens of every output, as a run with max_tokens = cap would have emitted
-        requests = [
-            Request(r.prompt_id, r.category, r.prompt, r.output[:cap], r.stopped and len(r.output) <= cap, cap)
-            for r in requests
-        ]
+        requests = [truncated(r, cap) for r in requests]
     categories = sorted({r.category for r in requests})
 
     def engine():

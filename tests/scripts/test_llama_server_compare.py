@@ -248,3 +248,41 @@ def test_each_server_is_ready_before_the_next_starts(script, tmp_path, monkeypat
         script.main([str(tmp_path / "out")])
     names = [s.name for s in live]
     assert events == [(what, n) for n in names for what in ("start", "ready")] + [("stop", n) for n in names]
+
+
+def test_a_workload_file_of_held_out_prompts_replaces_the_suite(script, tmp_path, monkeypatch):
+    """--workload FILE: its prompts (an edit session's turns included) are dealt to the three sets as the suite's
+    are and sent, the suite's never; --categories is checked against the file's; a missing file is refused."""
+    lines = [{"id": f"chat-{i}", "category": "chat", "prompt": f"question {i}"} for i in range(4)]
+    first = [{"role": "user", "content": "edit this"}]
+    lines += [
+        {"id": "edit-turn1", "category": "edit", "messages": first},
+        {
+            "id": "edit-turn2",
+            "category": "edit",
+            "messages": [*first, {"role": "assistant", "content": "done"}, {"role": "user", "content": "again"}],
+        },
+    ]
+    held_out = tmp_path / "held-out.jsonl"
+    held_out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = script.parse_args([str(tmp_path / "out"), "--workload", str(held_out)])
+    items = script.workload(args)
+    assert sorted(i.id for i in items) == sorted(line["id"] for line in lines)
+    sets = script.split_suite(items, seed=0)
+    assert sorted(i.id for s in sets.values() for i in s) == sorted(line["id"] for line in lines)
+    session = next(s for s in sets.values() if any(i.category == "edit" for i in s))
+    ids = [i.id for i in session]
+    assert ids.index("edit-turn2") == ids.index("edit-turn1") + 1
+
+    sent = []
+    monkeypatch.setattr(script, "ask", lambda server, item, max_tokens, salt="": sent.append(item.id) or {})
+    monkeypatch.setattr(script, "recount", lambda row, count: row)
+    with open(tmp_path / "rows.jsonl", "w") as log:
+        script.run_phase("cold", items, [script.Server("llama-server", [], 0)], args, log, 0, None)
+    assert sorted(sent) == sorted(line["id"] for line in lines)
+
+    assert script.workload(script.parse_args([str(tmp_path), "--workload", str(held_out), "--categories", "edit"]))
+    with pytest.raises(SystemExit):  # a category of the suite, not of the file
+        script.parse_args([str(tmp_path), "--workload", str(held_out), "--categories", "code-editing"])
+    with pytest.raises(SystemExit):
+        script.parse_args([str(tmp_path), "--workload", str(tmp_path / "missing.jsonl")])

@@ -110,3 +110,19 @@ def test_acceptance_is_counted_by_draft_class_and_position(script):
     assert counts[ngram_class(1)][:3] == [[1, 1], [1, 1], [0, 1]]
     assert counts[ngram_class(2)][:2] == [[1, 1], [0, 1]]
     assert counts[ngram_class(3)][0] == [0, 1]
+
+
+def test_a_shorter_max_tokens_cuts_the_output_and_a_stop_after_the_cut_is_not_reached(script):
+    stopped = script.Request("s", "c", [1], [2, 3, 4], stopped=True, max_tokens=256)
+    cut = script.Request("l", "c", [1], [2, 3, 4, 5, 6])
+    # stopped before the cap: the same output and stop, budget the cap
+    short = script.truncated(stopped, 4)
+    assert (short.output, short.stopped, short.budget, short.emitted) == ([2, 3, 4], True, 4, 4)
+    # the stop token would come at the cap's position, which a run with max_tokens 3 never reaches
+    at_cap = script.truncated(stopped, 3)
+    assert (at_cap.output, at_cap.stopped, at_cap.budget, at_cap.emitted) == ([2, 3, 4], False, 3, 3)
+    longer = script.truncated(cut, 2)
+    assert (longer.output, longer.stopped, longer.budget, longer.emitted) == ([2, 3], False, 2, 2)
+    # and the replay runs it: one pass a token when nothing is drafted
+    replayed = script.replay(engine(script, linear_costs()), longer, FixedK(0))
+    assert replayed.passes == 2

@@ -58,10 +58,11 @@ def test_every_timed_pass_starts_from_the_context(script):
 
 
 def test_main_prints_one_line_per_model_and_width(script, monkeypatch, capsys):
-    loaded = []
+    loaded, exact = [], []
 
     def load_model(name, config):
         loaded.append((name, config.runtime, config.dtype))
+        exact.append(config.exact)
         return random_table_backend(256, seed=1), ByteCodec()
 
     monkeypatch.setattr(script, "load_model", load_model)
@@ -73,6 +74,9 @@ def test_main_prints_one_line_per_model_and_width(script, monkeypatch, capsys):
     found = [pattern.match(line).groups() for line in lines]
     assert [(m, w) for m, w, _ in found] == [("a", "1"), ("a", "4"), ("b", "1"), ("b", "4")]
     assert found[0][2] == found[2][2] == "1.00"  # one token per one-token pass
+    assert exact == [True, True]  # exact mode, as a request gets it, unless --no-exact
+    assert script.main(["--runtime", "llamacpp", "--no-exact", "--widths", "1", "a"]) == 0
+    assert exact[-1] is False
 
 
 def test_the_bound_at_full_acceptance_is_tokens_per_pass_over_its_cost(script):
