@@ -17,8 +17,10 @@ Exact mode (BackendConfig.exact) makes a token's logits independent of how many 
 bit for bit, so greedy speculative output equals plain decoding in the same mode. The causes of difference
 are closed:
 - weights: the build patches llama.cpp (patches/llamacpp/, applied by spekula.llamacpp_build) so that its
-  repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, and ggml's tiled K-quant
-  kernel (another summation order) takes over only from 32 rows, past any verified block;
+  repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, Q6_K is repacked too on x86
+  with AVX2, in kernels that sum a row alike alone or in a group (patch 0006, docs/decisions/0016-q6_K-repacked-
+  on-x86.md), and ggml's tiled K-quant kernel (another summation order; weights not repacked) takes over only
+  from 32 rows, past any verified block;
 - attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build two ways
   do, K and V in F16 (llama.cpp's default types) and a prompt's passes of TILED_ATTENTION_ROWS or more in flash
   attention's tiled kernel: (patches 0004 and 0005) attention as matmuls in every narrower pass (llamafile's tinyBLAS
