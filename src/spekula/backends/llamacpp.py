@@ -19,8 +19,9 @@ are closed:
 - weights: the build patches llama.cpp (patches/llamacpp/, applied by spekula.llamacpp_build) so that its
   repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, Q6_K is repacked too on x86
   with AVX2, in kernels that sum a row alike alone or in a group (patch 0006, docs/decisions/0016-q6_K-repacked-
-  on-x86.md), and ggml's tiled K-quant kernel (another summation order; weights not repacked) takes over only
-  from 32 rows, past any verified block;
+  on-x86.md), with AVX-512 VNNI a Q4_K product of two rows or more goes through a kernel that sums a row as the
+  one-row kernel does (patch 0008, docs/decisions/0017-q4_K-vnni-all-rows.md), and ggml's tiled K-quant kernel
+  (another summation order; weights not repacked) takes over only from 32 rows, past any verified block;
 - attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build two ways
   do, K and V in F16 (llama.cpp's default types) and a prompt's passes of TILED_ATTENTION_ROWS or more in flash
   attention's tiled kernel: (patches 0004 and 0005) attention as matmuls in every narrower pass (llamafile's tinyBLAS
