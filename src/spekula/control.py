@@ -63,12 +63,15 @@ class Controller(ABC):
         catch_up: int = 0,
         draft_class: DraftClass | None = None,
         longest: int | None = None,
+        draft_pass_apart: bool = False,
     ) -> int:
         """k for the next step. remaining: tokens the request may still emit (None: unknown);
         catch_up: context tokens the draft must process before its first draft (a cold draft cache);
         draft_class: what the proposer knows of its next draft (Proposer.draft_class; NO_DRAFT: it
         has none to offer, so k = 0); longest: the most tokens that draft can hold (Proposer.draft_length;
-        None: as many as asked)."""
+        None: as many as asked); draft_pass_apart: this step's draft rows would go in a pass of their own
+        (the step that finishes the prompt on a runtime with Capabilities.prompt_pass_apart), so a draft
+        of k costs a pass of k rows, not what k rows add to the step's pass."""
 
     def outlook(
         self, draft_class: DraftClass | None = None, longest: int | None = None
@@ -113,6 +116,7 @@ class FixedK(Controller):
         catch_up: int = 0,
         draft_class: DraftClass | None = None,
         longest: int | None = None,
+        draft_pass_apart: bool = False,
     ) -> int:
         if draft_class == NO_DRAFT:
             self.reason = NO_DRAFT_REASON
@@ -199,6 +203,7 @@ class AdaptiveK(Controller):
         catch_up: int = 0,
         draft_class: DraftClass | None = None,
         longest: int | None = None,
+        draft_pass_apart: bool = False,
     ) -> int:
         self._probing = False
         if draft_class == NO_DRAFT or longest == 0:  # nothing to draft: not a decision, nor a step towards a probe
@@ -207,6 +212,8 @@ class AdaptiveK(Controller):
             return 0
         alpha = self.acceptance(draft_class)
         limit = self._limit(draft_class, longest)
+        if draft_pass_apart:
+            return self._choose_k_apart(alpha, limit, remaining, catch_up)
         k, speedup = self.costs.best_k(alpha, limit)
         if self._should_speculate(alpha, k, remaining, catch_up):
             self.predicted_speedup = speedup
@@ -221,6 +228,23 @@ class AdaptiveK(Controller):
             self.reason = f"probe: k=1, expected acceptance {alpha[0]:.2f}"
             return 1
         self.reason = self._plain_reason(alpha, k, limit)
+        return 0
+
+    def _choose_k_apart(self, alpha: list[float], limit: int, remaining: int | None, catch_up: int) -> int:
+        """choose_k where a draft's rows would go in a pass of their own (draft_pass_apart): a draft of k costs
+        T(k) and adds its accepted tokens to the one the step emits anyway, so it is taken only where its
+        expected accepted tokens come faster than plain decoding's, T(k) for more than T(1) each
+        (CostModel.best_ks_ragged with one sequence). A probe there would cost a whole pass: none, and the probe
+        clock does not count the step."""
+        ks, speedup = self.costs.best_ks_ragged([(alpha, limit)])
+        k = ks[0]
+        if self._should_speculate(alpha, k, remaining, catch_up):
+            self.predicted_speedup = speedup
+            self._restart_probe_clock()
+            self.reason = f"speculate: k={k} in a pass of its own, predicted {speedup:.2f}x"
+            return k
+        self.predicted_speedup = 1.0
+        self.reason = "plain: a draft here is a pass of its own, dearer than the tokens it is expected to save"
         return 0
 
     def _plain_reason(self, alpha: Sequence[float], k: int, cap: int) -> str:

@@ -246,7 +246,8 @@ class Generation:
         catch_up = proposer.catch_up(committed) if proposer is not None else 0
         draft_class, longest = self._draft_class_and_length()
         if k is None:
-            k = self.controller.choose_k(budget, catch_up, draft_class, longest)
+            apart = bool(prompt) and self.engine.target.capabilities.prompt_pass_apart  # see Capabilities
+            k = self.controller.choose_k(budget, catch_up, draft_class, longest, draft_pass_apart=apart)
             reason = self.controller.reason
         elif draft_class == NO_DRAFT:
             k, reason = 0, NO_DRAFT_REASON  # a batch's k, but this request has nothing to draft

@@ -170,6 +170,7 @@ def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens(qwen_exact, prom
     past position 255, flash attention's split-KV path for one query."""
     target, codec = qwen_exact
     assert target.capabilities.block_invariant
+    assert target.capabilities.prompt_pass_apart  # a folded prompt's rows in calls of their own (_decode)
     # on the project's build K stays F16 (attention as matmuls in passes this narrow, or flash attention with the
     # split-KV patch), so past 255 the patched paths are what is checked
     assert target.exact_f16_k == _exact_attentions(llamacpp_check.installed_patches(), 2, 14)[0].f16_k

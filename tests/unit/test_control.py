@@ -650,3 +650,45 @@ def test_k_auto_never_asks_for_more_tokens_than_the_draft_holds():
     for r in drafted:
         budget = 48 - (r.position - len(prompt))
         assert len(r.drafted) == r.k or r.k == budget - 1, (r.k, len(r.drafted), r.reason)
+
+
+def test_a_draft_in_a_pass_of_its_own_is_priced_at_that_pass():
+    # The step that finishes a prompt in llama.cpp's exact mode runs its draft's rows in a pass of their own
+    # (Capabilities.prompt_pass_apart). Where a row adds little to a step's pass (2 ms on 20) and drafts are free
+    # (a lookup), a draft there costs a whole T(k) instead, paid back only where it is expected to yield more than
+    # T(k) / T(1) tokens: not at this acceptance, though the same draft pays in any later step's pass.
+    def lookup() -> CostModel:
+        return CostModel(target_s={n: 0.020 + 0.002 * (n - 1) for n in range(1, 18)}, frozen=True)
+
+    costs = lookup()
+    costs.alpha, costs.acceptance = 0.4, {}
+    assert AdaptiveK(costs, k_max=8).choose_k() >= 1
+    ctl = AdaptiveK(costs, k_max=8)
+    assert ctl.choose_k(draft_pass_apart=True) == 0 and ctl.predicted_speedup == 1.0
+    assert "pass of its own" in ctl.reason
+    # near-certain drafts (a recalled answer's next turn) pay even there, the k the ragged pricing gives
+    sure = lookup()
+    sure.alpha, sure.acceptance = 0.99, {}
+    ctl = AdaptiveK(sure, k_max=8)
+    k = ctl.choose_k(draft_pass_apart=True)
+    assert k >= 1 and k == sure.best_ks_ragged([(ctl.acceptance(), ctl.k_cap)])[0][0]
+    assert "pass of its own" in ctl.reason and ctl.predicted_speedup > 1.0
+    assert FixedK(4).choose_k(draft_pass_apart=True) == 4  # a fixed k is the user's
+
+
+def test_the_engine_says_which_step_drafts_in_a_pass_of_its_own():
+    target = random_table_backend(40, seed=0, order=1)
+    asked: list[bool] = []
+
+    class Spy(FixedK):
+        def choose_k(self, *args, draft_pass_apart: bool = False, **kwargs) -> int:
+            asked.append(draft_pass_apart)
+            return super().choose_k(*args, **kwargs)
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 3
+    for apart in (False, True):
+        target.capabilities = dataclasses.replace(target.capabilities, prompt_pass_apart=apart)
+        asked.clear()
+        Engine(target, NgramFactory(4, 1)).generate(prompt, controller=Spy(2), stop=StopConfig(max_tokens=12)).run()
+        # only the step whose pass finishes the prompt, and only on such a runtime
+        assert len(asked) >= 2 and asked == [apart] + [False] * (len(asked) - 1)

@@ -41,6 +41,10 @@ class Capabilities:
     # this many rows (llama.cpp's exact mode: below it other kernels take them); a prompt with fewer rows left goes in
     # one pass. Generation.prefill_chunk sizes chunks by it. 1: any chunking.
     prefill_min_rows: int = 1
+    # The pass that finishes a prompt (its last chunk folded into the first step) runs the prompt's rows and its last
+    # token in calls of their own, as a prefill, and a draft's rows after them in another (llama.cpp's exact mode):
+    # a draft there costs a pass of its own rows, not what they add to the step's pass (AdaptiveK prices it so)
+    prompt_pass_apart: bool = False
 
 
 class Sequence(ABC):

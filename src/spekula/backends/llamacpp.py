@@ -226,7 +226,12 @@ class LlamaCppBackend(Backend):
         log.info(f"exact mode takes {attention}: " + ", ".join(
             f"{way}: {1000 * seconds:.1f} ms a one-token pass" for way, _, seconds in checked))  # fmt: skip
         rows = attention.prefill_min_rows
-        self.capabilities = replace(self.capabilities, block_invariant=True, prefill_min_rows=rows)
+        self.capabilities = replace(
+            self.capabilities,
+            block_invariant=True,
+            prefill_min_rows=rows,
+            prompt_pass_apart=True,  # _decode scores a folded prompt's rows, then the draft's
+        )
         if self._shared is not None and not self._batches_exactly():
             # every sequence's passes alone then, each in its own stream: exact, one request at a time
             log.warning("llama.cpp's batched passes are not exact on this build: requests step one at a time")
