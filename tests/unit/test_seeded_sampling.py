@@ -50,7 +50,7 @@ class RandomK(FixedK):
     k: int = 8
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
-    def choose_k(self, remaining=None, catch_up=0, draft_class=None, longest=None) -> int:
+    def choose_k(self, remaining=None, catch_up=0, draft_class=None, longest=None, draft_pass_apart=False) -> int:
         self.reason = "random"
         return 0 if draft_class == NO_DRAFT else self.rng.randint(0, self.k)
 
