@@ -212,39 +212,30 @@ class AdaptiveK(Controller):
             return 0
         alpha = self.acceptance(draft_class)
         limit = self._limit(draft_class, longest)
+        # a draft in a pass of its own (draft_pass_apart) costs T(k), so it is taken only where its expected accepted
+        # tokens come faster than plain decoding's (best_ks_ragged with one sequence); no probe there (a whole pass)
         if draft_pass_apart:
-            return self._choose_k_apart(alpha, limit, remaining, catch_up)
-        k, speedup = self.costs.best_k(alpha, limit)
+            ks, speedup = self.costs.best_ks_ragged([(alpha, limit)])
+            k = ks[0]
+        else:
+            k, speedup = self.costs.best_k(alpha, limit)
         if self._should_speculate(alpha, k, remaining, catch_up):
             self.predicted_speedup = speedup
             self._restart_probe_clock()
-            self.reason = f"speculate: k={k} predicted {speedup:.2f}x"
+            apart = " in a pass of its own" if draft_pass_apart else ""
+            self.reason = f"speculate: k={k}{apart} predicted {speedup:.2f}x"
             if k == limit < self.costs.best_k(alpha, self.k_max)[0]:
                 self.reason += f", slow start cap {k}" if limit == self.cap(draft_class) else f", a draft of {k}"
             return k
         self.predicted_speedup = 1.0
+        if draft_pass_apart:
+            self.reason = "plain: a draft here is a pass of its own, dearer than the tokens it is expected to save"
+            return 0
         if self._probe_due(remaining, catch_up, draft_class):
             self._probing = self._probed = True
             self.reason = f"probe: k=1, expected acceptance {alpha[0]:.2f}"
             return 1
         self.reason = self._plain_reason(alpha, k, limit)
-        return 0
-
-    def _choose_k_apart(self, alpha: list[float], limit: int, remaining: int | None, catch_up: int) -> int:
-        """choose_k where a draft's rows would go in a pass of their own (draft_pass_apart): a draft of k costs
-        T(k) and adds its accepted tokens to the one the step emits anyway, so it is taken only where its
-        expected accepted tokens come faster than plain decoding's, T(k) for more than T(1) each
-        (CostModel.best_ks_ragged with one sequence). A probe there would cost a whole pass: none, and the probe
-        clock does not count the step."""
-        ks, speedup = self.costs.best_ks_ragged([(alpha, limit)])
-        k = ks[0]
-        if self._should_speculate(alpha, k, remaining, catch_up):
-            self.predicted_speedup = speedup
-            self._restart_probe_clock()
-            self.reason = f"speculate: k={k} in a pass of its own, predicted {speedup:.2f}x"
-            return k
-        self.predicted_speedup = 1.0
-        self.reason = "plain: a draft here is a pass of its own, dearer than the tokens it is expected to save"
         return 0
 
     def _plain_reason(self, alpha: Sequence[float], k: int, cap: int) -> str:
