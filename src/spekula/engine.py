@@ -221,13 +221,14 @@ class Generation:
             self.stop.max_tokens - len(self.token_ids), self.target_sequence.context_length - len(self._committed)
         )
 
-    def plan(self, k: int | None = None) -> PlannedStep | None:
+    def plan(self, k: int | None = None, why: str | None = None) -> PlannedStep | None:
         """Stages 1-2 up to the target pass: choose k (or take the caller's), draft, and say what the
         score pass must run. None when the request is finished. What prefill() has not prefilled of
         the prompt goes into the first step's pass, in front of the pending token and the draft (one
         pass, as llama.cpp's own loop gets its first token from the prompt's pass).
 
-        k: a batching scheduler's choice for this request (None: this request's controller).
+        k: a batching scheduler's choice for this request (None: this request's controller); why: the
+        scheduler's reason for it, for the step record (None: chosen with the round's other requests).
         """
         if self.finish_reason is not None:
             return None
@@ -252,7 +253,7 @@ class Generation:
         elif draft_class == NO_DRAFT:
             k, reason = 0, NO_DRAFT_REASON  # a batch's k, but this request has nothing to draft
         else:
-            reason = f"batch: k={k} chosen with the round's other requests"
+            reason = f"batch: k={k} " + (why or "chosen with the round's other requests")
         if k > budget - 1:
             k, reason = budget - 1, f"{reason}; k={budget - 1}: {budget} tokens left"
         t0 = time.perf_counter()

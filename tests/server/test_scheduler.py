@@ -16,6 +16,7 @@ import pytest
 from spekula.config import SamplingParams, StopConfig
 from spekula.cost import CostModel
 from spekula.engine import Generation
+from spekula.errors import ConfigError
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Event, Finished, Job, Scheduler
 from spekula.server.schemas import Speculation
@@ -194,7 +195,7 @@ def test_a_batch_of_one_lets_the_request_s_own_controller_choose_k(monkeypatch):
 
     imposed: list[int | None] = []  # the k the scheduler gave each plan() (None: the request's controller chooses)
     plan = Generation.plan
-    monkeypatch.setattr(Generation, "plan", lambda self, k=None: imposed.append(k) or plan(self, k))
+    monkeypatch.setattr(Generation, "plan", lambda self, k=None, why=None: imposed.append(k) or plan(self, k, why))
     pipe.engine.costs = frozen()
     (alone,) = run(pipe, [request], scheduler)
     stats = alone.finished.stats
@@ -220,13 +221,51 @@ def test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for(monkeypatch
     imposed: dict[bool, list[int | None]] = {True: [], False: []}
     plan = Generation.plan
     monkeypatch.setattr(
-        Generation, "plan", lambda self, k=None: imposed[self.prompt_ids == copying].append(k) or plan(self, k)
+        Generation,
+        "plan",
+        lambda self, k=None, why=None: imposed[self.prompt_ids == copying].append(k) or plan(self, k, why),
     )
     run(pipe, [Request("copy me: ", 24), Request("not me", 24)], scheduler)
     rounds = min(len(imposed[True]), len(imposed[False]))
     assert rounds >= 2
     assert all(k is not None and k > 0 for k in imposed[True][:rounds])  # while both run: it drafts
     assert imposed[False][:rounds] == [0] * rounds  # and the other does not
+
+
+def test_above_spec_disable_by_batch_size_no_request_drafts(monkeypatch):
+    """--spec-disable-by-batch-size 1: while two requests decode, neither drafts, not even the one whose drafts
+    would be accepted (the round its rows would lengthen is the other request's too), and its step records say
+    why; alone again, its own controller chooses its k and it drafts. The texts stay plain decoding's."""
+    pipe = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16, spec_disable_by_batch_size=1)
+    # flat pass costs: every draft pays, alone or batched
+    pipe.engine.costs = CostModel(target_s={n: 0.002 for n in range(1, 150)}, draft_s_per_token=0.0005, frozen=True)
+    copying = pipe.codec.encode("copy me: ")
+    monkeypatch.setattr(Generation, "outlook", lambda self: ([1.0], 8) if self.prompt_ids == copying else ([0.0], 8))
+    imposed: dict[bool, list[tuple[int | None, str | None]]] = {True: [], False: []}
+    plan = Generation.plan
+    monkeypatch.setattr(
+        Generation,
+        "plan",
+        lambda self, k=None, why=None: imposed[self.prompt_ids == copying].append((k, why)) or plan(self, k, why),
+    )
+    requests = [Request("copy me: ", 40), Request("not me", 6)]
+    outcomes = run(pipe, requests, scheduler)
+    rounds = len(imposed[False])  # the short one's rounds: both decoding
+    assert rounds >= 2 and len(imposed[True]) > rounds
+    expected_why = "with 2 requests decoding (--spec-disable-by-batch-size 1)"
+    assert imposed[True][:rounds] == imposed[False] == [(0, expected_why)] * rounds
+    assert {k for k, _ in imposed[True][rounds:]} == {None}  # alone: its own controller
+    assert max(outcomes[0].finished.stats.k_chosen) > 0  # ... which drafts
+    for r, outcome in zip(requests, outcomes, strict=True):
+        alone = pipe.generate(pipe.codec.encode(r.prompt), SamplingParams(), r.stop_config, plain=True)
+        assert outcome.text == alone.text
+
+
+def test_spec_disable_by_batch_size_is_checked():
+    pipe = native_pipeline(k=None, draft="self")
+    with pytest.raises(ConfigError, match="spec_disable_by_batch_size"):
+        Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16, spec_disable_by_batch_size=0)
 
 
 def test_in_a_batch_a_request_s_own_spec_is_kept(monkeypatch):

@@ -55,6 +55,7 @@ def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSett
             max_queue=settings.max_queue,
             prefill_chunk=settings.prefill_chunk,
             prefill_share=settings.prefill_share,
+            spec_disable_by_batch_size=settings.spec_disable_by_batch_size,
         )
         state.scheduler.start()
         log.info("serving %s (proposer %s) on the scheduler thread", state.model_name, state.pipeline.draft_name)

@@ -69,7 +69,7 @@ from spekula.prompt_cache import shared_prefix
 from spekula.server.errors import APIError
 from spekula.server.metrics import ServerMetrics, StepMeter
 from spekula.server.schemas import AUTO, Speculation
-from spekula.server.settings import ServerSettings, check_prefill
+from spekula.server.settings import ServerSettings, check_option, check_prefill
 from spekula.threads import on_passing_thread
 from spekula.trace import RequestStats
 
@@ -148,11 +148,15 @@ class Scheduler:
         max_queue: int,
         prefill_chunk: int = ServerSettings.prefill_chunk,
         prefill_share: float = ServerSettings.prefill_share,
+        spec_disable_by_batch_size: int | None = ServerSettings.spec_disable_by_batch_size,
     ) -> None:
         """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts).
         prefill_share: the most of the worker's time that chunks leaving a prompt unfinished take while
-        requests decode (Scheduler._prefill)."""
+        requests decode (Scheduler._prefill). spec_disable_by_batch_size: see Scheduler._choose_batch_ks."""
         check_prefill(prefill_chunk, prefill_share)
+        check_option("spec_disable_by_batch_size", spec_disable_by_batch_size)
+        self.spec_disable_by_batch_size = spec_disable_by_batch_size
+        self._ks_why: str | None = None  # why the round's ks are what they are, for the step records (_plan)
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running
@@ -381,7 +385,8 @@ class Scheduler:
             if not job.generation.ready or not self._live(job):
                 continue
             with self._guard([job], "request %s failed before its target pass", job.id) as planning:
-                step = job.generation.plan(None if ks is None else ks.get(job))  # not in ks: its own k
+                # a request not in ks: its own controller's k
+                step = job.generation.plan(None if ks is None else ks.get(job), self._ks_why)
             if planning.failed:
                 continue
             if step is None:  # nothing left to run: emit the held-back text, then the end
@@ -571,8 +576,21 @@ class Scheduler:
     def _choose_batch_ks(self) -> dict[Job, int] | None:
         """Each decoding request's k for the round, chosen together by the cost model for a batch of
         two or more (None: each request's own controller, as for a batch of one, a backend that does
-        not batch, or a fixed --k). A request whose `spec` fixed its k keeps it: it is left out."""
-        decoding = [job for job in self._running if job.generation.ready and not _fixed_k(job)]
+        not batch, or a fixed --k). A request whose `spec` fixed its k keeps it: it is left out.
+
+        The cost model chooses the ks that emit the most tokens a second over the round, which is throughput:
+        a round's draft rows lengthen it for every request in it, and a request whose drafts fail (chat) emits
+        one token a round however long it is. With more requests decoding than spec_disable_by_batch_size
+        (those whose `spec` fixed k counted), the others draft nothing (k = 0 each): plain decoding's pace."""
+        ready = [job for job in self._running if job.generation.ready]
+        decoding = [job for job in ready if not _fixed_k(job)]
+        limit = self.spec_disable_by_batch_size
+        self._ks_why = None
+        if limit is not None and len(ready) > limit:
+            self._ks_why = f"with {len(ready)} requests decoding (--spec-disable-by-batch-size {limit})"
+            for job in decoding:
+                job.generation.controller.predicted_speedup = 1.0
+            return dict.fromkeys(decoding, 0)
         if not (self._batch_k or self._ragged_k) or len(decoding) < 2:
             return None
         outlooks = [self._outlook(job) for job in decoding]

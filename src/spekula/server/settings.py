@@ -78,6 +78,15 @@ class ServerSettings:
         high=1,
         noun="a fraction",
     )
+    spec_disable_by_batch_size: int | None = knob(
+        None,
+        "--spec-disable-by-batch-size",
+        "draft nothing in a round with more than this many requests decoding, as vLLM's option of that name: on a "
+        "CPU a round's draft rows lengthen it for every request in it, so a request that cannot copy slows while "
+        "one that copies speeds up (default: no limit, the round's ks chosen for the most tokens a second)",
+        kind=int,
+        low=1,
+    )
     log_prompts: bool = knob(False, "--log-prompts", "write prompts and outputs to the log (off by default)")
     sampling: SamplingParams = field(default_factory=SamplingParams)  # defaults for fields a request omits
 
@@ -99,7 +108,12 @@ def check_prefill(chunk: object, share: object, name: Callable[[str], str] = str
     """The prefill options' checks as ServerSettings declares them, for a Scheduler made without settings (name:
     what a message calls each option; by default its parameter's own name)."""
     for option, value in (("prefill_chunk", chunk), ("prefill_share", share)):
-        replace(knob_of(ServerSettings, option), flag=name(option)).check(value)
+        check_option(option, value, name)
+
+
+def check_option(option: str, value: object, name: Callable[[str], str] = str) -> None:
+    """One option's check as ServerSettings declares it, its message calling it name(option)."""
+    replace(knob_of(ServerSettings, option), flag=name(option)).check(value)
 
 
 if __name__ == "__main__":  # docs/SERVER.md's table of these options, from their declarations
