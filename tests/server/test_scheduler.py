@@ -13,15 +13,19 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from spekula.cli import build_parser
 from spekula.config import SamplingParams, StopConfig
 from spekula.cost import CostModel
 from spekula.engine import Generation
 from spekula.errors import ConfigError
+from spekula.server.app import create_app
+from spekula.server.cli import settings_from_args
 from spekula.server.metrics import ServerMetrics
 from spekula.server.scheduler import Delta, Event, Finished, Job, Scheduler
 from spekula.server.schemas import Speculation
+from spekula.server.settings import ServerSettings
 
-from serverkit import fake_pipeline, native_pipeline
+from serverkit import fake_pipeline, native_pipeline, serving
 
 WAIT = 20.0  # seconds close() may take before the test fails
 
@@ -234,8 +238,9 @@ def test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for(monkeypatch
 
 def test_above_spec_disable_by_batch_size_no_request_drafts(monkeypatch):
     """--spec-disable-by-batch-size 1: while two requests decode, neither drafts, not even the one whose drafts
-    would be accepted (the round its rows would lengthen is the other request's too), and its step records say
-    why; alone again, its own controller chooses its k and it drafts. The texts stay plain decoding's."""
+    would be accepted (the round its rows would lengthen is the other request's too), and the scheduler says
+    why (the reason plan() is given for its step record); alone again, its own controller chooses its k and it
+    drafts. The texts stay plain decoding's."""
     pipe = native_pipeline(k=None, draft="self")
     scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16, spec_disable_by_batch_size=1)
     # flat pass costs: every draft pays, alone or batched
@@ -262,10 +267,26 @@ def test_above_spec_disable_by_batch_size_no_request_drafts(monkeypatch):
         assert outcome.text == alone.text
 
 
-def test_spec_disable_by_batch_size_is_checked():
-    pipe = native_pipeline(k=None, draft="self")
-    with pytest.raises(ConfigError, match="spec_disable_by_batch_size"):
-        Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16, spec_disable_by_batch_size=0)
+def test_spec_disable_by_batch_size_goes_from_the_command_line_to_the_scheduler_checked(monkeypatch):
+    args = build_parser().parse_args(["serve", "--spec-disable-by-batch-size", "2"])
+    settings = settings_from_args(args)
+    assert settings.spec_disable_by_batch_size == 2 and ServerSettings().spec_disable_by_batch_size is None
+    made: list[Scheduler] = []
+    init = Scheduler.__init__
+    monkeypatch.setattr(Scheduler, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
+    with serving(create_app(fake_pipeline(), settings)):
+        pass
+    assert [s.spec_disable_by_batch_size for s in made] == [2]
+    with pytest.raises(ConfigError, match="--spec-disable-by-batch-size must be"):
+        ServerSettings(spec_disable_by_batch_size=0)
+    with pytest.raises(ConfigError, match="spec_disable_by_batch_size must be"):
+        Scheduler(
+            native_pipeline(k=None, draft="self"),
+            ServerMetrics(),
+            max_running=8,
+            max_queue=16,
+            spec_disable_by_batch_size=0,
+        )
 
 
 def test_in_a_batch_a_request_s_own_spec_is_kept(monkeypatch):
