@@ -81,9 +81,10 @@ class ServerSettings:
     spec_disable_by_batch_size: int | None = knob(
         None,
         "--spec-disable-by-batch-size",
-        "draft nothing in a round with more than this many requests decoding, as vLLM's option of that name: on a "
-        "CPU a round's draft rows lengthen it for every request in it, so a request that cannot copy slows while "
-        "one that copies speeds up (default: no limit, the round's ks chosen for the most tokens a second)",
+        "draft nothing in a round with more than this many requests decoding (named after vLLM's option, which "
+        "counts queued requests): a round's draft rows lengthen it for every request in it, so a request that "
+        "cannot copy slows while one that copies speeds up (default: no limit, the round's ks chosen for the most "
+        "tokens a second)",
         kind=int,
         low=1,
     )
