@@ -156,7 +156,6 @@ class Scheduler:
         check_prefill(prefill_chunk, prefill_share)
         check_option("spec_disable_by_batch_size", spec_disable_by_batch_size)
         self.spec_disable_by_batch_size = spec_disable_by_batch_size
-        self._ks_why: str | None = None  # why the round's ks are what they are, for the step records (_plan)
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running
@@ -347,7 +346,7 @@ class Scheduler:
         else:
             self._run_chunks(chunks, waited)
         started = time.perf_counter()
-        planned = self._plan(self._choose_batch_ks())
+        planned = self._plan(*self._choose_batch_ks())
         for job, step, logits, score_s in self._score(planned, riders):
             run, meter = job.run, job.meter
             assert run is not None and meter is not None  # _admit set both
@@ -377,16 +376,17 @@ class Scheduler:
                 elapsed,
             )
 
-    def _plan(self, ks: dict[Job, int] | None) -> list[tuple[Job, PlannedStep]]:
+    def _plan(self, ks: dict[Job, int] | None, why: str | None = None) -> list[tuple[Job, PlannedStep]]:
         """Stage 1 for every live request whose prompt is prefilled: what the score pass must run.
-        ks: each request's k for the round (None: each request's controller chooses)."""
+        ks: each request's k for the round (None: each request's controller chooses); why: the reason for them
+        (None: the cost model's choice, Generation.plan)."""
         planned: list[tuple[Job, PlannedStep]] = []
         for job in list(self._running):
             if not job.generation.ready or not self._live(job):
                 continue
             with self._guard([job], "request %s failed before its target pass", job.id) as planning:
                 # a request not in ks: its own controller's k
-                step = job.generation.plan(None if ks is None else ks.get(job), self._ks_why)
+                step = job.generation.plan(None if ks is None else ks.get(job), why)
             if planning.failed:
                 continue
             if step is None:  # nothing left to run: emit the held-back text, then the end
@@ -573,10 +573,11 @@ class Scheduler:
             for job in jobs:
                 job.generation.prefilled()
 
-    def _choose_batch_ks(self) -> dict[Job, int] | None:
+    def _choose_batch_ks(self) -> tuple[dict[Job, int] | None, str | None]:
         """Each decoding request's k for the round, chosen together by the cost model for a batch of
         two or more (None: each request's own controller, as for a batch of one, a backend that does
-        not batch, or a fixed --k). A request whose `spec` fixed its k keeps it: it is left out.
+        not batch, or a fixed --k), and why, for the step records where the cost model did not choose them
+        (None: it did). A request whose `spec` fixed its k keeps it: it is left out.
 
         The cost model chooses the ks that emit the most tokens a second over the round, which is throughput:
         a round's draft rows lengthen it for every request in it, and a request whose drafts fail (chat) emits
@@ -585,20 +586,19 @@ class Scheduler:
         ready = [job for job in self._running if job.generation.ready]
         decoding = [job for job in ready if not _fixed_k(job)]
         limit = self.spec_disable_by_batch_size
-        self._ks_why = None
         if limit is not None and len(ready) > limit:
-            self._ks_why = f"with {len(ready)} requests decoding (--spec-disable-by-batch-size {limit})"
             for job in decoding:
                 job.generation.controller.predicted_speedup = 1.0
-            return dict.fromkeys(decoding, 0)
+            why = f"with {len(ready)} requests decoding (--spec-disable-by-batch-size {limit})"
+            return dict.fromkeys(decoding, 0), why
         if not (self._batch_k or self._ragged_k) or len(decoding) < 2:
-            return None
+            return None, None
         outlooks = [self._outlook(job) for job in decoding]
         costs = self.pipeline.engine.costs
         ks, speedup = costs.best_ks(outlooks) if self._batch_k else costs.best_ks_ragged(outlooks)
         for job in decoding:
             job.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
-        return dict(zip(decoding, ks, strict=True))
+        return dict(zip(decoding, ks, strict=True)), None
 
     @staticmethod
     def _outlook(job: Job) -> tuple[list[float], int] | None:
