@@ -21,12 +21,14 @@ So cold and warm are measured on different prompts, each against llama-server's 
 prompts in the same phase. `--warmup-rounds N` sends W N times (with a salt line per round, so it is new
 text to every cache) to warm the servers longer.
 
-Contenders (`--contenders`, comma-separated; default: all of these):
+Contenders (`--contenders`, comma-separated; default: all of these but the last):
   llama-server          llama-server -m GGUF -t T -tb T -np P --port ... (its defaults otherwise)
   ngram-simple          ... --spec-type ngram-simple
   ngram-mod             ... --spec-type ngram-mod
   spekula               spekula serve --target MODEL --threads T --port ... (its defaults: suffix, k auto)
   spekula-plain         ... --draft none
+  spekula-any-rows      ... --prompt-cache-any-rows (not by default: what reusing every kept row, as llama-server's
+                        cache_prompt does, would gain over the default's history-exact prompt cache)
 
 The binary is $LLAMA_SERVER, default .venv/bin/llama-server (`make llama-server` builds it from the same
 llama.cpp source as the installed llama-cpp-python). Writes OUT/results.jsonl (one line per request and
@@ -61,8 +63,9 @@ from spekula.bench.workloads import BUILTIN, TURN, WorkItem, WorkloadError, conv
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = "llama-server"
 SPEC_TYPES = {"llama-server": None, "ngram-simple": "ngram-simple", "ngram-mod": "ngram-mod"}
-SPEKULA = {"spekula": [], "spekula-plain": ["--draft", "none"]}
+SPEKULA = {"spekula": [], "spekula-plain": ["--draft", "none"], "spekula-any-rows": ["--prompt-cache-any-rows"]}
 CONTENDERS = [*SPEC_TYPES, *SPEKULA]
+DEFAULT_CONTENDERS = [c for c in CONTENDERS if c != "spekula-any-rows"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="qwen2.5-coder-1.5b",
         help="a built-in model name: its GGUF, and its tokenizer to count tokens",
     )
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--contenders", default=",".join(DEFAULT_CONTENDERS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=1, help="llama-server's -np (slots)")
     ap.add_argument(
@@ -372,7 +375,8 @@ def _derived(contenders: list[str]) -> list[tuple[str, list[str]]]:
         return []
     modes = [m for m in SPEC_TYPES if SPEC_TYPES[m] and m in contenders]
     rows = [("spekula over the better n-gram mode", modes)] if modes else []
-    return rows + ([("spekula over spekula-plain", ["spekula-plain"])] if "spekula-plain" in contenders else [])
+    rows += [(f"spekula over {name}", [name]) for name in ("spekula-plain", "spekula-any-rows") if name in contenders]
+    return rows
 
 
 def _decoded(a: dict, b: dict) -> bool:

@@ -152,6 +152,16 @@ class SpecConfig:
         "keep the last finished request's cache, so a request that starts with the same tokens (a chat's next "
         "turn, a shared system prompt) prefills only the rest, like llama.cpp's cache_prompt (default: on)",
     )
+    # Where a row's bits depend on the kind of pass that computed it (llama.cpp's exact mode), the prompt cache takes
+    # only rows a fresh prefill of the new prompt would compute alike (spekula.prompt_cache); on: any row it shares.
+    prompt_cache_any_rows: bool = knob(
+        False,
+        "--prompt-cache-any-rows",
+        "with the prompt cache on llama.cpp in exact mode, reuse every kept row a prompt shares, as llama.cpp's "
+        "cache_prompt does: a conversation's next turn does not prefill the last answer again, but a greedy answer "
+        "may then depend on the requests served before it (default: off, only rows a fresh prefill of the prompt "
+        "would compute bit for bit alike)",
+    )
     # At a plain step of a request that has verified nothing yet, score the draft a free proposer (suffix,
     # n-gram) would have made against the tokens emitted next, so the controller learns from it
     # (spekula.shadow). Off by default: in same-run A/Bs it lowered the median prompt's speedup while

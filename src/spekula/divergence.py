@@ -171,17 +171,28 @@ class Guarantee:
         return asdict(self)
 
 
-def guarantee(target: Any, shared: bool = False) -> Guarantee:
+def guarantee(target: Any, shared: bool = False, any_rows: bool = False) -> Guarantee:
     """The promise a run on `target` has (see the module's docstring), from its capabilities alone.
     shared: its passes may also carry other requests (a batching server) or start from a kept prompt cache,
-    which change how a token's row is computed just as a verified block does."""
+    which change how a token's row is computed just as a verified block does. any_rows: that cache reuses rows
+    whatever pass computed them (--prompt-cache-any-rows; spekula.prompt_cache)."""
     width = target.single_pass_width()
     if target.capabilities.block_invariant and width is not None:
+        cache = ""
+        if shared and target.capabilities.pass_kind_widths:
+            cache = (
+                "; with --prompt-cache-any-rows a request may reuse prompt rows that a pass of another width "
+                "computed, so its answer can depend on the requests served before it, as with llama.cpp's "
+                "cache_prompt (plain decoding's with it too)"
+                if any_rows
+                else "; the prompt cache reuses only rows that a fresh prefill of the prompt computes alike, so an "
+                "answer does not depend on the requests served before it"
+            )
         return Guarantee(
             BIT_IDENTICAL,
             "bit-identical to plain decoding on this runtime: exact mode scores a block in passes of at most "
             f"{width} tokens, whose logits equal one-token passes bit for bit (the width checked at load), and keeps "
-            "each request's cache in a KV stream of its own, so batched requests get the bits they get alone",
+            f"each request's cache in a KV stream of its own, so batched requests get the bits they get alone{cache}",
             width,
         )
     passes = "a verified block, a batch of requests or a kept prompt's cache" if shared else "a verified block"

@@ -53,7 +53,8 @@ class Engine:
             spec = replace(spec, k_max=max(1, width - 1))
         self.spec = spec
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
-        self.prompt_cache = PromptCache(target, enabled=spec.prompt_cache)  # this engine's requests only
+        # this engine's requests only
+        self.prompt_cache = PromptCache(target, enabled=spec.prompt_cache, any_rows=spec.prompt_cache_any_rows)
         self._max_batch = 1  # the widest batch the last calibrate measured for
 
     def calibrate(self, max_batch: int = 1) -> None:

@@ -30,16 +30,21 @@ sent while the first still runs, or many requests with one system prompt, prefil
 What it keeps is this engine's own: a Pipeline's speculative and plain engines, and the
 configurations of one `spekula bench` run, each cache their own requests, so neither gets a prefill
 the other paid for. The kept positions hold what the runtime computed when it ran them (the prompt's
-prefill, then one-token or verify passes), so on a runtime that is not block invariant (llama.cpp
-without --exact) a near-tie in a later turn can come out as it would not after a fresh prefill, as
-with llama.cpp's own prompt cache.
+prefill, then one-token or verify passes). Where a row's bits depend on the kind of pass that computed it
+(llama.cpp's exact mode: a prompt's pass of 64 rows or more, one of 32 or more, a step's;
+Capabilities.pass_kind_widths), a request takes only rows that a fresh prefill of its own prompt would compute
+alike (_reusable), so its text does not depend on which request came before it: llama.cpp's `cache_prompt` reuses
+any row, and a short prompt after a long one that shares its system prompt can answer otherwise than on a fresh
+server (scripts/experiments/prompt_cache_history.py; docs/decisions/0018-history-exact-prompt-cache.md). On a
+runtime that is not block invariant (llama.cpp without --exact) a near-tie in a later turn can still come out as it
+would not after a fresh prefill, as with llama.cpp's own prompt cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from spekula.backends.base import Backend, Sequence
+from spekula.backends.base import Backend, Sequence, pass_kind
 
 
 def shared_prefix(a: Seq[int], b: Seq[int]) -> int:
@@ -57,13 +62,17 @@ def shared_prefix(a: Seq[int], b: Seq[int]) -> int:
 class PromptCache:
     """Up to max_kept finished sequences per engine (enabled False: every request opens a fresh one)."""
 
-    def __init__(self, backend: Backend, enabled: bool = True, min_tokens: int = 1, max_kept: int = 1) -> None:
+    def __init__(
+        self, backend: Backend, enabled: bool = True, min_tokens: int = 1, max_kept: int = 1, any_rows: bool = False
+    ) -> None:
+        """any_rows: take every row a prompt shares, whatever pass computed it (llama.cpp's cache_prompt; _reusable)."""
         if max_kept < 1:
             raise ValueError(f"max_kept must be >= 1, got {max_kept}")
         self.backend = backend
         self.enabled = enabled
         self.min_tokens = min_tokens
         self.max_kept = max_kept
+        self.any_rows = any_rows
         self._kept: list[Sequence] = []  # finished requests' sequences, the most recently finished last
         self._live: list[Sequence] = []  # sequences open() handed out whose requests still run
         self.hits = 0  # requests that started from the kept sequence
@@ -74,7 +83,7 @@ class PromptCache:
         """A sequence for a request whose prompt, all but its last token, is `prefix`: the kept one that
         shares most with prefix (a parked one: a new sequence holding its cache), cut back to what they
         share (its `length` says how many tokens are already there), or a fresh one."""
-        shares = [shared_prefix(kept.tokens, prefix) for kept in self._kept]
+        shares = [self._reusable(kept, prefix) for kept in self._kept]
         best = max(reversed(range(len(shares))), key=shares.__getitem__, default=None)  # ties: the latest
         # Where the runtime shares cells between sequences, a fresh sequence borrows the shared part
         # (borrow(), before the first chunk) and the kept one stays whole for a request that shares more
@@ -109,6 +118,29 @@ class PromptCache:
         self._live.append(sequence)
         return sequence
 
+    def _reusable(self, source: Sequence, prefix: Seq[int], held: int = 0) -> int:
+        """How many of prefix's leading tokens a request may take from `source` (it holds the first `held` already):
+        those they share, and where the runtime's rows hold other bits after passes of other kinds
+        (Capabilities.pass_kind_widths), only as many as a fresh prefill of the prompt would compute alike. A fresh
+        prefill runs the prompt (prefix and its last token) in passes of one kind: one pass of all its rows where it
+        is narrower than Capabilities.prefill_min_rows, else passes of that many or more. So a taken row must have
+        been computed by a pass of that kind (not a wider prompt's, not a step's for a wide prompt), and the rows
+        left, after the taken ones, must still make a pass of it: the prompt's rows alone, so also where its last
+        token is scored apart (Generation.prefill to the end). A narrow prompt that follows a wide one then
+        computes the rows they share again, and a conversation's next turn its last answer (a step's rows)."""
+        shared = shared_prefix(source.tokens, prefix)
+        widths = self.backend.capabilities.pass_kind_widths
+        kinds = source.pass_kinds
+        if self.any_rows or not widths or kinds is None or shared <= held:
+            return shared
+        kind = pass_kind(len(prefix) + 1, widths)
+        if kind:  # the rows left make a pass of this kind only with at least its least width of them
+            shared = min(shared, len(prefix) - widths[kind - 1])
+        taken = held
+        while taken < shared and kinds[taken] == kind:
+            taken += 1
+        return taken
+
     def _resident(self) -> list[int]:
         """The kept sequences that hold cells in the runtime (not parked), oldest first, by index."""
         return [i for i, kept in enumerate(self._kept) if not kept.parked]
@@ -142,12 +174,12 @@ class PromptCache:
         if not self.enabled or len(prefix) <= sequence.length:
             return 0
         sources = [s for s in [*self._live, *self._kept] if s is not sequence and not s.parked]
-        best = max(sources, key=lambda s: shared_prefix(s.tokens, prefix), default=None)
+        best = max(sources, key=lambda s: self._reusable(s, prefix, sequence.length), default=None)
         return 0 if best is None else self._borrow_from(best, sequence, prefix)
 
     def _borrow_from(self, source: Sequence, sequence: Sequence, prefix: Seq[int]) -> int:
         held = sequence.length
-        shared = shared_prefix(source.tokens, prefix)
+        shared = self._reusable(source, prefix, held)
         if shared <= held or shared < self.min_tokens or not self.backend.share_prefix(source, sequence, shared):
             return 0
         self.reused_tokens += shared - held

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from spekula import llamacpp_check
+from spekula.backends.base import pass_kind
 from spekula.backends.llamacpp import _exact_attentions
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.pipeline import load_model
+from spekula.prompt_cache import shared_prefix
 from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory
 
 LLAMA = BackendConfig(runtime="llamacpp", threads=2)
@@ -238,3 +240,45 @@ def test_exact_mode_parks_a_kept_cache_and_its_context_goes_back_to_the_pool(smo
     for s in (kept, turn2):
         s.release()
     assert len(target._pool) == pooled + 1
+
+
+def test_exact_mode_s_prompt_cache_gives_a_fresh_prefill_s_bits_whatever_came_before(qwen_exact):
+    """A prompt's rows hold other bits after a pass of 64 rows or more (flash attention's tiled kernel), of 32 or more
+    (ggml's tiled matmul), or a step's (Capabilities.pass_kind_widths). A short prompt that shares its start with a
+    long one served before it took that start's rows from the long one's pass, and its logits then differed from a
+    fresh server's (scripts/experiments/prompt_cache_history.py: another greedy text); now it computes them again.
+    A long prompt still takes a long one's rows, and a narrow one a step's."""
+    target, codec = qwen_exact
+    widths = target.capabilities.pass_kind_widths
+    assert widths and max(widths) == target.capabilities.prefill_min_rows
+    long = codec.encode(LONG_COPY_PROMPT)
+    short = long[:12] + codec.encode(" and then count the boxes one by one, slowly")
+    longer = long[:200] + codec.encode("\nitem 99: the blue box holds nothing at all today" * 8)
+    assert pass_kind(len(short), widths) == pass_kind(len(short) - 1, widths) < len(widths)  # one narrow pass
+    assert len(long) > 200 and len(longer) > 201 + max(widths)
+
+    def first(engine: Engine, ids: list[int]) -> tuple[torch.Tensor, list[int], int]:
+        gen = engine.generate(ids, SamplingParams(), StopConfig(max_tokens=6, ignore_eos=True))
+        gen.prefill()
+        logits = gen.target_sequence.forward(ids[-1:])  # the prompt's last token, scored alone
+        gen.target_sequence.truncate(len(ids) - 1)
+        cached = gen.stats.cached_tokens
+        return logits, gen.run().token_ids, cached
+
+    fresh = {name: first(Engine(target), ids) for name, ids in (("short", short), ("longer", longer))}
+    served = Engine(target)  # one server: the long prompt, then the others
+    first(served, long)
+    for name, ids in (("longer", longer), ("short", short)):  # one kept sequence: the last request's
+        logits, tokens, cached = first(served, ids)
+        assert torch.equal(logits, fresh[name][0]) and tokens == fresh[name][1], name
+        if name == "longer":  # a wide prompt takes the wide rows it shares, all but a wide pass's worth
+            assert cached == shared_prefix(long, longer) >= 200
+        else:
+            assert cached == 0
+    # a narrow prompt takes rows of its own kind: a step's, for one of a few tokens
+    steps = Engine(target)
+    head = steps.generate(long[:3], SamplingParams(), StopConfig(max_tokens=4, ignore_eos=True)).run().token_ids
+    again = long[:3] + head[:2]
+    logits, tokens, cached = first(steps, again)
+    assert cached == len(again) - 1 and pass_kind(len(again), widths) == 0
+    assert torch.equal(logits, first(Engine(target), again)[0])

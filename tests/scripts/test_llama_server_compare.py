@@ -45,7 +45,7 @@ def test_every_contender_runs_the_same_gguf_with_the_same_threads(script, tmp_pa
     monkeypatch.setenv("LLAMA_SERVER", str(binary))
     args = script.parse_args([str(tmp_path / "out"), "--threads", "3", "--parallel", "4"])
     servers = {s.name: s for s in script.servers(args, "/models/m.gguf")}
-    assert list(servers) == script.CONTENDERS
+    assert list(servers) == script.DEFAULT_CONTENDERS == [c for c in script.CONTENDERS if c != "spekula-any-rows"]
     assert len({s.port for s in servers.values()}) == len(servers)
     for name in ("llama-server", "ngram-simple", "ngram-mod"):
         argv = servers[name].argv
@@ -55,6 +55,9 @@ def test_every_contender_runs_the_same_gguf_with_the_same_threads(script, tmp_pa
     assert servers["ngram-mod"].argv[-2:] == ["--spec-type", "ngram-mod"]
     assert servers["spekula-plain"].argv[-2:] == ["--draft", "none"]
     assert servers["spekula"].argv[servers["spekula"].argv.index("--threads") + 1] == "3"
+    every = script.parse_args([str(tmp_path / "out"), "--contenders", ",".join(script.CONTENDERS)])
+    any_rows = {s.name: s for s in script.servers(every, "/models/m.gguf")}["spekula-any-rows"].argv
+    assert any_rows[-1] == "--prompt-cache-any-rows" and "--draft" not in any_rows
 
 
 def test_a_missing_llama_server_says_how_to_build_it(script, tmp_path, monkeypatch):
@@ -96,9 +99,13 @@ def test_the_table_gives_spekula_over_the_faster_n_gram_mode_and_over_its_own_pl
         rows.append(
             {"phase": phase, "id": "a", "category": "code", "server": "spekula-plain", "tokens_per_s": 7.0, "text": "t"}
         )
-    text, summary = script.table(rows, script.CONTENDERS)
+    text, summary = script.table(rows, script.DEFAULT_CONTENDERS)
     assert summary["cold"]["spekula over the better n-gram mode"]["code"] == pytest.approx(14 / 16)
     assert summary["warm"]["spekula over spekula-plain"]["all"] == pytest.approx(2.0)
+    assert "spekula over spekula-any-rows" not in summary["warm"]
+    rows += [{**r, "server": "spekula-any-rows", "tokens_per_s": 17.5} for r in rows if r["server"] == "spekula"]
+    _, every = script.table(rows, script.CONTENDERS)  # the history-exact prompt cache against reusing every row
+    assert every["cold"]["spekula over spekula-any-rows"]["code"] == pytest.approx(14 / 17.5)
     assert "| spekula over the better n-gram mode | 0.875 | 0.875 | |" in text
     _, without = script.table(
         [r for r in rows if r["server"] in ("llama-server", "spekula")], ["llama-server", "spekula"]

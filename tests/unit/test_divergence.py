@@ -10,6 +10,7 @@ llama.cpp without --exact. The draft is the same model run one token at a time, 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -277,6 +278,17 @@ def test_the_guarantee_follows_the_runtime(target, shared, kind, words):
     assert promise.kind == kind and words in promise.text
     assert promise.width == (3 if kind == BIT_IDENTICAL else None)
     assert json.dumps(promise.to_dict())
+
+
+def test_the_exact_guarantee_says_what_the_prompt_cache_keeps():
+    """Where rows hold other bits by the kind of pass (Capabilities.pass_kind_widths), a server's promise says whether
+    an answer can depend on the requests before it (--prompt-cache-any-rows)."""
+    target = ExactBackend(alphabet(1.0), VOCAB, eos=EOS)
+    target.capabilities = replace(target.capabilities, pass_kind_widths=(4, 32, 64))
+    assert "does not depend on the requests served before it" in guarantee(target, shared=True).text
+    assert "can depend on the requests served before it" in guarantee(target, shared=True, any_rows=True).text
+    assert "requests served before" not in guarantee(target).text  # one request: nothing before it
+    assert "requests served before" not in guarantee(ExactBackend(alphabet(1.0), VOCAB, eos=EOS), shared=True).text
 
 
 def test_near_ties_lists_positions_below_the_gap():

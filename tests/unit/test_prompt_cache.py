@@ -3,12 +3,12 @@ output is what a fresh prefill gives."""
 
 import pytest
 
-from spekula.backends.base import Capabilities
+from spekula.backends.base import Capabilities, pass_kind
 from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.prompt_cache import PromptCache, shared_prefix
 from spekula.proposers import build_proposer
-from spekula.testing import FunctionBackend, random_table_backend
+from spekula.testing import FunctionBackend, FunctionSequence, random_table_backend
 
 
 def test_shared_prefix():
@@ -217,3 +217,121 @@ def test_a_next_turn_prefills_only_its_new_tokens_and_decodes_as_from_scratch(dr
     assert second.token_ids == fresh.token_ids
     assert fresh.stats.cached_tokens == 0
     assert cached_backend.tokens_fed - fed_before < fresh_backend.tokens_fed  # what the cache saved
+
+
+class KindedSequence(FunctionSequence):
+    """Records each row's pass kind as llama.cpp's exact mode does (LlamaCppSequence): one pass per forward."""
+
+    def __init__(self, backend) -> None:
+        super().__init__(backend)
+        self.kinds = bytearray()
+
+    @property
+    def pass_kinds(self):
+        return self.kinds
+
+    def _forward(self, token_ids, num_logits):
+        self.kinds.extend([pass_kind(len(token_ids), self.backend.capabilities.pass_kind_widths)] * len(token_ids))
+        return super()._forward(token_ids, num_logits)
+
+    def _truncate(self, length: int) -> None:
+        del self.kinds[length:]
+
+
+class KindedBackend(FunctionBackend):
+    """A runtime whose rows hold other bits after passes of 4 rows or more, and again of 8 or more."""
+
+    capabilities = Capabilities(pass_kind_widths=(4, 8))
+
+    def __init__(self) -> None:
+        table = random_table_backend(32, seed=0)
+        super().__init__(table.logits_fn, table.vocab_size)
+
+    def new_sequence(self):
+        return KindedSequence(self)
+
+
+def test_a_kept_row_is_taken_only_where_a_fresh_prefill_would_compute_it_alike():
+    """What a fresh prefill of the new prompt (its prefix and last token) computes: one pass of all its rows where it is
+    narrower than the widest kind's least width (8 here), passes of at least 8 otherwise. A kept row is taken only if
+    a pass of that kind computed it, and the rows left still make a pass of that kind."""
+    assert [pass_kind(rows, (4, 8)) for rows in (1, 3, 4, 7, 8, 100)] == [0, 0, 1, 1, 2, 2]
+    backend = KindedBackend()
+    cache = PromptCache(backend)
+    wide = list(range(10))
+    turn1 = cache.open(wide[:-1])
+    turn1.forward(wide)  # a wide prompt: 10 rows of kind 2
+    for token in (20, 21, 22):  # three steps: rows of kind 0
+        turn1.forward([token])
+    cache.close(turn1, reusable=True)
+    # the next turn re-sends all of it and more: its prompt is wide, so the steps' rows are computed again
+    turn2 = cache.open([*wide, 20, 21, 22, *range(11, 23)])
+    assert turn2 is turn1 and turn2.tokens == wide and list(turn2.kinds) == [2] * 10
+    turn2.forward([20, 21, 22, *range(11, 23), 5])
+    cache.close(turn2, reusable=True)
+    # a wide prompt that shares all 10 rows but has fewer than 8 left: the rest would be a narrower pass
+    assert cache.open([*wide, 30, 31, 32]).length == 13 - 8
+    # a narrow prompt (kind 1: 5 rows with its last token) that shares 3 rows of a wide pass: none taken
+    backend2 = KindedBackend()
+    cache2 = PromptCache(backend2)
+    first = cache2.open(wide[:-1])
+    first.forward(wide)
+    cache2.close(first, reusable=True)
+    assert cache2.open([0, 1, 2, 40]).length == 0
+    # narrow after narrow: 6 rows of kind 1 kept; a prompt of 7 rows (kind 1) takes them while 4 or more are left
+    cache3 = PromptCache(KindedBackend())
+    narrow = cache3.open([])
+    narrow.forward([1, 2, 3, 4, 5, 6])
+    cache3.close(narrow, reusable=True)
+    assert cache3.open([1, 2, 3, 4, 5, 6]).tokens == [1, 2]
+    # kind 0 (a prompt of 3 rows) takes a kept step's rows (kind 0), whatever is left
+    cache4 = PromptCache(KindedBackend())
+    steps = cache4.open([])
+    for token in (7, 8, 9):
+        steps.forward([token])
+    cache4.close(steps, reusable=True)
+    assert cache4.open([7, 8]).tokens == [7, 8]
+
+
+def test_without_pass_kinds_every_shared_row_is_taken():
+    backend = random_table_backend(32, seed=0)
+    assert backend.capabilities.pass_kind_widths == () and backend.new_sequence().pass_kinds is None
+    cache = PromptCache(backend)
+    seq = cache.open([])
+    seq.forward(list(range(10)))
+    cache.close(seq, reusable=True)
+    assert cache.open([*range(10), 3]).length == 10
+
+
+def test_a_borrowed_prefix_keeps_to_the_same_rule():
+    class SharingKinded(KindedBackend):
+        capabilities = Capabilities(batching=True, shares_prefix=True, pass_kind_widths=(4, 8))
+
+        def share_prefix(self, source, target, length) -> bool:
+            target.kinds.extend(source.kinds[target.length : length])
+            target.tokens.extend(source.tokens[target.length : length])
+            return True
+
+    cache = PromptCache(SharingKinded())
+    running = cache.open([])
+    running.forward(list(range(12)))  # a wide prompt's pass: kind 2
+    running.forward([50])  # a step: kind 0
+    narrow = cache.open([0, 1, 2, 60])
+    assert cache.borrow(narrow, [0, 1, 2, 60]) == 0  # a narrow prompt: not rows of a wide pass
+    wide = cache.open([*range(12), 50, *range(70, 80)])
+    assert cache.borrow(wide, [*range(12), 50, *range(70, 80)]) == 12 and list(wide.kinds) == [2] * 12
+
+
+def test_prompt_cache_any_rows_takes_every_shared_row_from_the_command_line_on():
+    from spekula.cli import build_parser
+    from spekula.options import spec_from_args
+
+    spec = spec_from_args(build_parser().parse_args(["serve", "--prompt-cache-any-rows"]))
+    assert spec.prompt_cache_any_rows and not SpecConfig().prompt_cache_any_rows
+    engine = Engine(KindedBackend(), spec=spec)
+    assert engine.prompt_cache.any_rows
+    cache = engine.prompt_cache
+    wide = cache.open([])
+    wide.forward(list(range(10)))
+    cache.close(wide, reusable=True)
+    assert cache.open([0, 1, 2, 40]).tokens == [0, 1, 2]  # rows of a wider pass, taken all the same

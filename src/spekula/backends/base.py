@@ -45,6 +45,17 @@ class Capabilities:
     # token in calls of their own, as a prefill, and a draft's rows after them in another (llama.cpp's exact mode):
     # a draft there costs a pass of its own rows, not what they add to the step's pass (AdaptiveK prices it so)
     prompt_pass_apart: bool = False
+    # A row's bits depend on the width of the pass that computed it, in classes (kinds): a pass of w rows is of kind
+    # pass_kind(w), how many of these widths it reaches (llama.cpp's exact mode: a verified block's widest, ggml's
+    # tiled matmul from 32 rows, flash attention's tiled kernel from 64; Sequence.pass_kinds records them). A prompt
+    # cache reuses a kept row only where a fresh prefill of the new prompt would compute it in a pass of its kind
+    # (spekula.prompt_cache), so a request's text does not depend on the request before it. (): one kind.
+    pass_kind_widths: tuple[int, ...] = ()
+
+
+def pass_kind(rows: int, widths: Seq[int]) -> int:
+    """The kind of a pass of `rows` rows: how many of `widths` (Capabilities.pass_kind_widths) it reaches."""
+    return sum(rows >= width for width in widths)
 
 
 class Sequence(ABC):
@@ -57,6 +68,12 @@ class Sequence(ABC):
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def pass_kinds(self) -> Seq[int] | None:
+        """Per held token, the kind of the pass that computed its row (Capabilities.pass_kind_widths); None where the
+        runtime does not record them (its rows hold the same bits whatever pass computed them, or it has one kind)."""
+        return None
 
     def forward(self, token_ids: Seq[int], num_logits: int | None = None) -> torch.Tensor:
         """Append token_ids at positions length .. length + S - 1 in one pass.

@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from spekula import llamacpp_check
-from spekula.backends.base import Backend, Capabilities, Sequence
+from spekula.backends.base import Backend, Capabilities, Sequence, pass_kind
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
@@ -231,6 +231,8 @@ class LlamaCppBackend(Backend):
             block_invariant=True,
             prefill_min_rows=rows,
             prompt_pass_apart=True,  # _decode scores a folded prompt's rows, then the draft's
+            # a pass up to the exact width sums a row as one token's pass does; wider ones as checked or known
+            pass_kind_widths=tuple(sorted({width + 1, TILED_MATMUL_ROWS, rows})),
         )
         if self._shared is not None and not self._batches_exactly():
             # every sequence's passes alone then, each in its own stream: exact, one request at a time
@@ -383,6 +385,7 @@ class LlamaCppBackend(Backend):
             return False
         shared.ctx.kv_cache_seq_cp(source.seq_id, target.seq_id, start, length)
         target.tokens.extend(source.tokens[start:length])
+        target._kinds.extend(source._kinds[start:length])
         return True
 
     def forward_batch(
@@ -458,8 +461,14 @@ class LlamaCppBackend(Backend):
             calls = _pieces([row for rows in by_block for row in rows], N_BATCH)
         out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
         filled = [0] * len(blocks)
+        kinds: list[list[int]] = [
+            [] for _ in blocks
+        ]  # each row's pass kind (Sequence.pass_kinds), in its block's order
         batch, vocab = context.batch, self.vocab_size
         for chunk in calls:
+            kind = pass_kind(len(chunk), self.capabilities.pass_kind_widths)
+            for *_, b in chunk:
+                kinds[b].append(kind)
             raw = batch.batch  # filled as llama-cpp-python's set_batch does, choosing which rows get logits
             raw.n_tokens = len(chunk)
             for i, (token, position, seq_id, wants_logits, _) in enumerate(chunk):
@@ -475,6 +484,8 @@ class LlamaCppBackend(Backend):
                 for row, b in zip(got, owners, strict=True):  # copied out before the next llama_decode overwrites them
                     out[b][filled[b]] = row
                     filled[b] += 1
+        for block, block_kinds in zip(blocks, kinds, strict=True):
+            block.seq._kinds.extend(block_kinds)
         return [torch.from_numpy(logits) for logits in out]
 
 
@@ -588,7 +599,12 @@ class LlamaCppSequence(Sequence):
         self.seq_id = seq_id
         self.released = False
         self._state: np.ndarray | None = None  # a parked sequence's cache (llama_state_seq_get_data's bytes)
+        self._kinds = bytearray()  # per held token, its row's pass kind (_decode appends them before `tokens` grows)
         context.ctx.kv_cache_seq_rm(seq_id, 0, -1)
+
+    @property
+    def pass_kinds(self) -> Seq[int] | None:
+        return self._kinds
 
     def check_open(self) -> None:
         if self.released:  # its sequence id or context may be another sequence's now
@@ -614,6 +630,7 @@ class LlamaCppSequence(Sequence):
     def _truncate(self, length: int) -> None:
         self.check_open()
         self.context.ctx.kv_cache_seq_rm(self.seq_id, length, -1)
+        del self._kinds[length:]
 
     @property
     def parked(self) -> bool:  # type: ignore[override]  # a class attribute in Sequence
@@ -656,6 +673,7 @@ class LlamaCppSequence(Sequence):
             target.context.ctx.kv_cache_seq_rm(target.seq_id, 0, -1)  # what a failed read left
             return False
         target.tokens = list(self.tokens)
+        target._kinds = bytearray(self._kinds)
         return True
 
     def release(self) -> None:
@@ -663,6 +681,7 @@ class LlamaCppSequence(Sequence):
             return
         self.released = True
         self.tokens.clear()
+        self._kinds.clear()
         if self._state is not None:  # parked: its cells and id were freed then
             self._state = None
             return

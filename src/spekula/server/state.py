@@ -54,7 +54,9 @@ class ServerState:
         (spekula.divergence.guarantee; shared: batching and the prompt cache also change a token's pass)."""
         if self._guarantee is None:
             assert self.pipeline is not None  # loaded at startup, before the app takes a request
-            self._guarantee = guarantee(self.pipeline.target, shared=True).to_dict()
+            cache = self.pipeline.engine.prompt_cache
+            any_rows = cache.enabled and cache.any_rows
+            self._guarantee = guarantee(self.pipeline.target, shared=True, any_rows=any_rows).to_dict()
         return self._guarantee
 
     def namespace(self, authorization: str | None) -> str:
