@@ -299,6 +299,8 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
     lines = []
     for phase in ("cold", "warm"):
         ids = sorted({(r["category"], r["id"]) for r in rows if r["phase"] == phase})
+        if not ids:  # a run stopped before this phase (--retable on what it kept)
+            continue
         categories = sorted({c for c, _ in ids})
         head = "| contender | all | " + " | ".join(categories) + f" | text as {PLAIN}'s |"
         lines += [

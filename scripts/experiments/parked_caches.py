@@ -14,7 +14,7 @@ restore one conversation.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/parked_caches.py
 
-Found (docs/BENCHMARKS.md, "Kept caches parked off the shared context"), default arguments, qwen2.5-coder-1.5b
+Found (docs/BENCHMARKS.md, "Parked caches"), default arguments, qwen2.5-coder-1.5b
 Q4_K_M, 2 threads: see the section for the figures and the machine.
 """
 

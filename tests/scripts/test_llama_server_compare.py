@@ -107,6 +107,8 @@ def test_the_table_gives_spekula_over_the_faster_n_gram_mode_and_over_its_own_pl
     _, every = script.table(rows, script.CONTENDERS)  # the history-exact prompt cache against reusing every row
     assert every["cold"]["spekula over spekula-any-rows"]["code"] == pytest.approx(14 / 17.5)
     assert "| spekula over the better n-gram mode | 0.875 | 0.875 | |" in text
+    cold_only, kept = script.table([r for r in rows if r["phase"] == "cold"], script.DEFAULT_CONTENDERS)
+    assert set(kept) == {"cold"} and "warm" not in cold_only  # a run stopped before its warm phase
     _, without = script.table(
         [r for r in rows if r["server"] in ("llama-server", "spekula")], ["llama-server", "spekula"]
     )
