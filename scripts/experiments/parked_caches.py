@@ -14,8 +14,8 @@ restore one conversation.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/parked_caches.py
 
-Found (docs/BENCHMARKS.md, "Parked caches"), default arguments, qwen2.5-coder-1.5b
-Q4_K_M, 2 threads: see the section for the figures and the machine.
+Found (docs/BENCHMARKS.md, "Against llama-server, cold and warm": its parked caches), default arguments,
+qwen2.5-coder-1.5b Q4_K_M, 2 threads: see there for the figures and the machine.
 """
 
 from __future__ import annotations

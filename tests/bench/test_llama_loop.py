@@ -146,6 +146,15 @@ def test_without_the_prompt_cache_every_contender_prefills_every_prompt_whole(tm
     assert not any(c.engine.prompt_cache.enabled for c in contenders if c is not ref)
 
 
+def test_prompt_cache_any_rows_reaches_every_spekula_contender():
+    target = table(0)
+    choices = [SpecChoice("ngram", 3), SpecChoice("none", 0, label="plain-again")]
+    for any_rows in (False, True):
+        contenders = build_contenders(target, ByteCodec(), choices, None, any_rows=any_rows)
+        assert len(contenders) == 3
+        assert all(c.engine.prompt_cache.any_rows is any_rows for c in contenders)
+
+
 def test_the_reference_stops_on_the_targets_eos_without_counting_it(tmp_path):
     target = table(0)
     prompt = ByteCodec().encode("def f(x):")

@@ -461,14 +461,8 @@ class LlamaCppBackend(Backend):
             calls = _pieces([row for rows in by_block for row in rows], N_BATCH)
         out = [np.empty((block.wanted, self.vocab_size), dtype=np.float32) for block in blocks]
         filled = [0] * len(blocks)
-        kinds: list[list[int]] = [
-            [] for _ in blocks
-        ]  # each row's pass kind (Sequence.pass_kinds), in its block's order
         batch, vocab = context.batch, self.vocab_size
         for chunk in calls:
-            kind = pass_kind(len(chunk), self.capabilities.pass_kind_widths)
-            for *_, b in chunk:
-                kinds[b].append(kind)
             raw = batch.batch  # filled as llama-cpp-python's set_batch does, choosing which rows get logits
             raw.n_tokens = len(chunk)
             for i, (token, position, seq_id, wants_logits, _) in enumerate(chunk):
@@ -478,14 +472,15 @@ class LlamaCppBackend(Backend):
                 raw.n_seq_id[i] = 1
                 raw.logits[i] = wants_logits
             context.ctx.decode(batch)
+            kind = pass_kind(len(chunk), self.capabilities.pass_kind_widths)
+            for *_, b in chunk:  # each row's pass kind (Sequence.pass_kinds): the calls keep a block's rows in order
+                blocks[b].seq._kinds.append(kind)
             owners = [b for *_, wants_logits, b in chunk if wants_logits]
             if owners:
                 got = context.logits(len(owners), vocab)
                 for row, b in zip(got, owners, strict=True):  # copied out before the next llama_decode overwrites them
                     out[b][filled[b]] = row
                     filled[b] += 1
-        for block, block_kinds in zip(blocks, kinds, strict=True):
-            block.seq._kinds.extend(block_kinds)
         return [torch.from_numpy(logits) for logits in out]
 
 

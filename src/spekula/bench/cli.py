@@ -421,7 +421,8 @@ def load_contenders(args: argparse.Namespace, choices: list):
         log=_log,
         draft_config=lambda name, on: draft_backend_config(name, on, args.draft_backend),
     )
-    contenders = build_contenders(target, codec, choices, loader, loader.runtime, prompt_cache=args.prompt_cache)
+    cache = {"prompt_cache": args.prompt_cache, "any_rows": args.prompt_cache_any_rows}
+    contenders = build_contenders(target, codec, choices, loader, loader.runtime, **cache)
     drafts = list(dict.fromkeys(c.draft for c in choices if not c.plain and needs_model(c.draft)))
     models = [model_identity(args.target, "target")] + [model_identity(d, "draft") for d in drafts]
     return contenders, codec, models

@@ -139,11 +139,18 @@ class SpecChoice:
         """The SpecConfig knobs this configuration sets, by SpecConfig's names (CHOICE_KNOBS)."""
         return {name: getattr(self, field) for field, name in CHOICE_KNOBS.items()}
 
-    def spec_config(self, prompt_cache: bool = True) -> SpecConfig:
+    def spec_config(self, prompt_cache: bool = True, any_rows: bool = False) -> SpecConfig:
+        """prompt_cache, any_rows: the run's --prompt-cache and --prompt-cache-any-rows."""
         values = self.knob_values()
         if self.plain:
             values["draft_confidence"] = None
-        return SpecConfig(prompt_cache=prompt_cache, k=0 if self.plain else self.k, shadow_drafts=self.shadow, **values)
+        return SpecConfig(
+            prompt_cache=prompt_cache,
+            prompt_cache_any_rows=any_rows,
+            k=0 if self.plain else self.k,
+            shadow_drafts=self.shadow,
+            **values,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -320,6 +327,7 @@ def build_contenders(
     load_draft: Callable[[str], Backend] | None,
     load_runtime: RuntimeLoader | None = None,
     prompt_cache: bool = True,
+    any_rows: bool = False,
 ) -> list[Contender | ReferenceContender]:
     """Plain decoding first, then every speculative choice (duplicates by name refused).
 
@@ -330,8 +338,9 @@ def build_contenders(
     plain decoding on another runtime, measured against the same baseline). A choice with
     loop=llama-cpp-python decodes the GGUF of the target on llama.cpp (the run's own target, or
     load_runtime's) through llama-cpp-python's loop, with that backend's settings. prompt_cache False
-    (`--no-prompt-cache`): every contender prefills every prompt whole, llama-cpp-python's loop too."""
-    build = _ContenderBuilder(target, codec, load_draft, load_runtime, prompt_cache)
+    (`--no-prompt-cache`): every contender prefills every prompt whole, llama-cpp-python's loop too. any_rows
+    (`--prompt-cache-any-rows`): spekula's engines reuse every kept row (llama-cpp-python's loop always does)."""
+    build = _ContenderBuilder(target, codec, load_draft, load_runtime, prompt_cache, any_rows)
     out: list[Contender | ReferenceContender] = [build.plain(PLAIN_CHOICE)]
     for choice in choices:
         if choice.plain and choice.name == PLAIN:
@@ -358,6 +367,7 @@ class _ContenderBuilder:
     load_draft: Callable[[str], Backend] | None
     load_runtime: RuntimeLoader | None
     prompt_cache: bool
+    any_rows: bool = False  # --prompt-cache-any-rows (SpecConfig.prompt_cache_any_rows)
 
     def runtime_of(self, choice: SpecChoice) -> tuple[Backend, Callable[[str], Backend] | None]:
         """The target the choice runs on, and the draft loader for a target loaded so."""
@@ -371,7 +381,7 @@ class _ContenderBuilder:
 
     def plain(self, choice: SpecChoice) -> Contender:
         on = self.runtime_of(choice)[0]
-        spec = choice.spec_config(self.prompt_cache)
+        spec = choice.spec_config(self.prompt_cache, self.any_rows)
         return Contender(choice, Pipeline(on, self.codec, None, spec, draft_name=NONE))
 
     def reference(self, choice: SpecChoice) -> ReferenceContender:
@@ -388,7 +398,7 @@ class _ContenderBuilder:
         return ReferenceContender(choice, loop)
 
     def speculative(self, choice: SpecChoice) -> Contender:
-        spec = choice.spec_config(self.prompt_cache)
+        spec = choice.spec_config(self.prompt_cache, self.any_rows)
         on, drafts = self.runtime_of(choice)
         proposer = build_proposer(choice.draft, spec, target=on, load_draft=drafts)
         pipe = Pipeline(on, self.codec, proposer, spec, draft_name=choice.draft)
