@@ -31,6 +31,7 @@ from spekula.divergence import ranked
 from spekula.draft_class import NO_DRAFT, DraftClass
 from spekula.limits import check_prompt
 from spekula.noise import request_noise
+from spekula.prefill_plan import PrefillPlan, TurnMarkers
 from spekula.prompt_cache import PromptCache
 from spekula.proposers.base import EMPTY_DRAFT, Draft, Proposer, ProposerFactory
 from spekula.sampling import probabilities
@@ -41,8 +42,13 @@ from spekula.verify import Verdict, verify_greedy, verify_positional
 
 class Engine:
     def __init__(
-        self, target: Backend, proposer: ProposerFactory | None = None, spec: SpecConfig = SpecConfig()
+        self,
+        target: Backend,
+        proposer: ProposerFactory | None = None,
+        spec: SpecConfig = SpecConfig(),
+        markers: TurnMarkers | None = None,
     ) -> None:
+        """markers: where the chat template puts the assistant's messages in a prompt (PromptCache.plan)."""
         self.target = target
         self.proposer = proposer
         width = target.single_pass_width()
@@ -54,7 +60,9 @@ class Engine:
         self.spec = spec
         self.costs = CostModel()  # measured costs, shared by this engine's requests (used by --k auto)
         # this engine's requests only
-        self.prompt_cache = PromptCache(target, enabled=spec.prompt_cache, any_rows=spec.prompt_cache_any_rows)
+        self.prompt_cache = PromptCache(
+            target, enabled=spec.prompt_cache, any_rows=spec.prompt_cache_any_rows, markers=markers
+        )
         self._max_batch = 1  # the widest batch the last calibrate measured for
 
     def calibrate(self, max_batch: int = 1) -> None:
@@ -151,6 +159,7 @@ class Generation:
         self.plain = plain  # no proposer for this request (Engine.generate's plain)
         self._committed = list(prompt_ids)  # prompt + output; the target's cache holds all but the last
         self._prefill = Prefill(setup_s)  # where the prompt's prefill stands, and the request's clock
+        self._plan: PrefillPlan | None = None  # how its prefill computes the prompt's rows (PromptCache.plan)
         self._step = 0
         # (committed length, its draft class, the most tokens its draft can hold): _draft_class_and_length
         self._class_at: tuple[int, DraftClass | None, int | None] | None = None
@@ -236,7 +245,13 @@ class Generation:
         prompt: list[int] = []
         if not self.prefill_done:  # what is left of the prompt: this step's pass prefills it
             folded = self._prefill.take_folded()
-            prompt = folded if folded is not None else self.prefill_chunk().tokens
+            if folded is None:
+                chunk = self.prefill_chunk()
+                while chunk.tokens and len(chunk.tokens) < self.prefill_left:  # a segment before the last one
+                    chunk.run()  # (an assistant message in the prompt's history: PrefillPlan) in passes of its own
+                    chunk = self.prefill_chunk()
+                folded = chunk.tokens
+            prompt = folded
             if not prompt:
                 self.prefilled()
         committed = self._committed
@@ -363,18 +378,22 @@ class Generation:
         return max(len(self.prompt_ids) - 1 - held, 0)
 
     def prefill(self, budget: int | None = None) -> int:
-        """Prefill up to `budget` more prompt tokens (None: all that are left) in one target pass.
+        """Prefill up to `budget` more prompt tokens in one chunk (None: all that are left, a chunk at a time).
         Returns the tokens still left; at 0 the next plan() decodes."""
         self.prefill_chunk(budget).run()
+        while budget is None and self.prefill_left:
+            self.prefill_chunk().run()
         return self.prefilled()
 
     def prefill_chunk(self, budget: int | None = None) -> PrefillChunk:
         """The next piece of the prompt for the target, at most `budget` tokens (None: all that are
-        left), as a pass to run: alone (chunk.run()) or with other requests' chunks in one batched
-        forward; then call prefilled(). The first call opens the caches and starts the request's clock.
-        A chunk may be empty (a one-token prompt: nothing to prefill). On a runtime whose prompt rows hold the
-        same bits only in passes of Capabilities.prefill_min_rows or more, a chunk has at least that many rows
-        and leaves none or at least that many (more than `budget`, where the budget is smaller)."""
+        left of its segment, PrefillPlan: the prompt's rest, but for an assistant's message in its history,
+        computed in chunks of its own as a step's rows), as a pass to run: alone (chunk.run()) or with other
+        requests' chunks in one batched forward; then call prefilled(). The first call opens the caches and
+        starts the request's clock. A chunk may be empty (a one-token prompt: nothing to prefill). On a runtime
+        whose prompt rows hold the same bits only in passes of Capabilities.prefill_min_rows or more, a wide
+        segment's chunk has at least that many rows and leaves none or at least that many of it (more than
+        `budget`, where the budget is smaller)."""
         if budget is not None and budget < 1:
             raise ValueError(f"a prefill budget is at least 1 token (None: the whole prompt), got {budget}")
         if self._prefill.done:
@@ -385,13 +404,14 @@ class Generation:
         # what a request running beside this one has prefilled of the same prompt (a server's batch)
         self.stats.cached_tokens += self.engine.prompt_cache.borrow(self.target_sequence, self._committed[:-1])
         start, last = self.target_sequence.length, len(self.prompt_ids) - 1
-        end = last if budget is None else min(start + budget, last)
-        least = self.engine.target.capabilities.prefill_min_rows
-        if end < last and least > 1:  # no pass narrower than `least`, this one or the rest's (the docstring)
-            end = min(max(end, start + least), last)
-            if last - end < least:
-                end = last
-        return PrefillChunk(self.target_sequence, self._committed[start:end])
+        if start >= last:
+            return PrefillChunk(self.target_sequence, [])
+        if self._plan is None:
+            self._plan = self.engine.prompt_cache.plan(self._committed[:-1])
+        # no pass narrower than prefill_min_rows, this one or the rest's (the docstring), and the assistant's
+        # messages in the prompt's history as a step's rows (PromptCache.plan): a chunk stays in one segment
+        end, narrow = self._plan.chunk(start, budget)
+        return PrefillChunk(self.target_sequence, self._committed[start:end], narrow)
 
     def prefilled(self) -> int:
         """After a chunk's pass: the prompt tokens still to prefill. At 0 the prefill is over, and
@@ -544,9 +564,10 @@ class PrefillChunk:
 
     sequence: Sequence
     tokens: list[int]
+    narrow: bool = False  # an assistant message of the prompt's history, computed as a step's rows (PrefillPlan)
 
     def run(self) -> None:
-        self.sequence.prefill(self.tokens)
+        self.sequence.prefill(self.tokens, narrow=self.narrow)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from spekula.backends.base import Backend
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine, Generation
 from spekula.errors import ConfigError
+from spekula.prefill_plan import TurnMarkers
 from spekula.proposers import build_proposer, needs_model
 from spekula.proposers.base import ProposerFactory
 from spekula.text import IncrementalDetokenizer, StopMatcher, TextCodec
@@ -118,8 +119,9 @@ class Pipeline:
         self.codec = codec
         self.spec = spec
         self.draft_name = draft_name
-        self.engine = Engine(target, proposer, spec)
-        self.plain_engine = Engine(target, None, spec)
+        markers = TurnMarkers.from_tokenizer(codec.tokenizer)  # both engines prefill a prompt alike
+        self.engine = Engine(target, proposer, spec, markers)
+        self.plain_engine = Engine(target, None, spec, markers)
 
     @classmethod
     def load(

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from spekula.backends.base import Backend, Sequence, pass_kind
+from spekula.backends.base import Backend, Sequence
+from spekula.prefill_plan import PrefillPlan, TurnMarkers
 
 
 def shared_prefix(a: Seq[int], b: Seq[int]) -> int:
@@ -63,9 +64,17 @@ class PromptCache:
     """Up to max_kept finished sequences per engine (enabled False: every request opens a fresh one)."""
 
     def __init__(
-        self, backend: Backend, enabled: bool = True, min_tokens: int = 1, max_kept: int = 1, any_rows: bool = False
+        self,
+        backend: Backend,
+        enabled: bool = True,
+        min_tokens: int = 1,
+        max_kept: int = 1,
+        any_rows: bool = False,
+        markers: TurnMarkers | None = None,
     ) -> None:
-        """any_rows: take every row a prompt shares, whatever pass computed it (llama.cpp's cache_prompt; _reusable)."""
+        """any_rows: take every row a prompt shares, whatever pass computed it (llama.cpp's cache_prompt; _reusable).
+        markers: where a prompt's assistant messages lie (the chat template's), which a fresh prefill computes as a
+        step's rows (plan()) so that a next turn takes its last answer's."""
         if max_kept < 1:
             raise ValueError(f"max_kept must be >= 1, got {max_kept}")
         self.backend = backend
@@ -73,6 +82,7 @@ class PromptCache:
         self.min_tokens = min_tokens
         self.max_kept = max_kept
         self.any_rows = any_rows
+        self.markers = markers
         self._kept: list[Sequence] = []  # finished requests' sequences, the most recently finished last
         self._live: list[Sequence] = []  # sequences open() handed out whose requests still run
         self.hits = 0  # requests that started from the kept sequence
@@ -121,25 +131,25 @@ class PromptCache:
     def _reusable(self, source: Sequence, prefix: Seq[int], held: int = 0) -> int:
         """How many of prefix's leading tokens a request may take from `source` (it holds the first `held` already):
         those they share, and where the runtime's rows hold other bits after passes of other kinds
-        (Capabilities.pass_kind_widths), only as many as a fresh prefill of the prompt would compute alike. A fresh
-        prefill runs the prompt (prefix and its last token) in passes of one kind: one pass of all its rows where it
-        is narrower than Capabilities.prefill_min_rows, else passes of that many or more. So a taken row must have
-        been computed by a pass of that kind (not a wider prompt's, not a step's for a wide prompt), and the rows
-        left, after the taken ones, must still make a pass of it: the prompt's rows alone, so also where its last
-        token is scored apart (Generation.prefill to the end). A narrow prompt that follows a wide one then
-        computes the rows they share again, and a conversation's next turn its last answer (a step's rows)."""
+        (Capabilities.pass_kind_widths), only as many as a fresh prefill of the prompt would compute alike
+        (PrefillPlan.reusable): a taken row must have been computed by a pass of the kind the plan computes it in,
+        and the rows left must still make passes of their kinds. A narrow prompt that follows a wide one then
+        computes the rows they share again; a conversation's next turn takes its last answer (a step's rows), which
+        the plan computes as a step's where the chat template's markers find it (plan())."""
         shared = shared_prefix(source.tokens, prefix)
-        widths = self.backend.capabilities.pass_kind_widths
         kinds = source.pass_kinds
-        if self.any_rows or not widths or kinds is None or shared <= held:
+        if self.any_rows or not self.backend.capabilities.pass_kind_widths or kinds is None or shared <= held:
             return shared
-        kind = pass_kind(len(prefix) + 1, widths)
-        if kind:  # the rows left make a pass of this kind only with at least its least width of them
-            shared = min(shared, len(prefix) - widths[kind - 1])
-        taken = held
-        while taken < shared and kinds[taken] == kind:
-            taken += 1
-        return taken
+        return self.plan(prefix).reusable(kinds, shared, held)
+
+    def plan(self, prefix: Seq[int]) -> PrefillPlan:
+        """How a fresh prefill of a prompt whose prefix (all but its last token) is `prefix` computes its rows
+        (spekula.prefill_plan): Generation.prefill_chunk chunks the prompt by it, _reusable takes rows by it. Where
+        rows hold the same bits whatever pass computed them, or any row is taken, one wide segment. (Not whether this
+        cache is enabled: a prompt's rows, and so its text, are the same with it or without.)"""
+        capabilities = self.backend.capabilities
+        markers = self.markers if capabilities.pass_kind_widths and not self.any_rows else None
+        return PrefillPlan.of(prefix, capabilities.pass_kind_widths, capabilities.prefill_min_rows, markers)
 
     def _resident(self) -> list[int]:
         """The kept sequences that hold cells in the runtime (not parked), oldest first, by index."""

@@ -15,6 +15,7 @@ from spekula.backends.llamacpp import _exact_attentions
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.pipeline import load_model
+from spekula.prefill_plan import TurnMarkers
 from spekula.prompt_cache import shared_prefix
 from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory
 
@@ -282,3 +283,32 @@ def test_exact_mode_s_prompt_cache_gives_a_fresh_prefill_s_bits_whatever_came_be
     logits, tokens, cached = first(steps, again)
     assert cached == len(again) - 1 and pass_kind(len(again), widths) == 0
     assert torch.equal(logits, first(Engine(target), again)[0])
+
+
+def test_exact_mode_s_next_turn_takes_its_last_answer_with_a_fresh_prefill_s_bits(qwen_exact):
+    """The first turn's answer was decoded by steps; the chat template's markers make a fresh prefill of the next turn
+    compute that answer as a step's rows too (spekula.prefill_plan), so the served engine takes the first prompt and
+    the answer from its cache and the next turn's last prompt token scores bit for bit as after a fresh prefill.
+    Before, the turn took the first prompt only (decision 0018)."""
+    target, codec = qwen_exact
+    markers = TurnMarkers.from_tokenizer(codec.tokenizer)
+    assert markers is not None and codec.tokenizer.decode(list(markers.header)) == "<|im_start|>assistant\n"
+    messages = [{"role": "user", "content": LONG_COPY_PROMPT}]
+    first = codec.encode(messages=messages)
+    served = Engine(target, markers=markers)
+    stop = StopConfig(max_tokens=40, ignore_eos=True)
+    answer = served.generate(first, SamplingParams(), stop).run().token_ids
+    history = [*messages, {"role": "assistant", "content": codec.decode(answer)}, {"role": "user", "content": "Again."}]
+    second = codec.encode(messages=history)
+    kept = first + answer[:-1]  # the last answer token was emitted, never fed
+    assert shared_prefix(kept, second) > len(first) + 20  # the answer re-renders as (nearly all) the same ids
+
+    def turn(engine: Engine) -> tuple[torch.Tensor, int]:
+        gen = engine.generate(second, SamplingParams(), StopConfig(max_tokens=1, ignore_eos=True))
+        gen.prefill()
+        logits = gen.target_sequence.forward(second[-1:])  # the prompt's last token, scored alone
+        return logits, gen.stats.cached_tokens
+
+    logits, cached = turn(served)
+    assert cached == shared_prefix(kept, second)
+    assert torch.equal(logits, turn(Engine(target, markers=markers))[0])

@@ -86,9 +86,11 @@ class Sequence(ABC):
         self.tokens.extend(int(t) for t in token_ids)
         return logits
 
-    def prefill(self, token_ids: Seq[int]) -> None:
+    def prefill(self, token_ids: Seq[int], narrow: bool = False) -> None:
         """Append prompt tokens whose logits nobody reads (a prefill chunk: the first step feeds the pending
-        last token). A runtime may shape its passes for that (llama.cpp's exact mode: LlamaCppSequence)."""
+        last token). A runtime may shape its passes for that (llama.cpp's exact mode: LlamaCppSequence); narrow:
+        in passes of a step's kind (an assistant's message in the history: spekula.prefill_plan), where it has
+        kinds (Capabilities.pass_kind_widths)."""
         if token_ids:
             self.forward(token_ids, num_logits=1)
 

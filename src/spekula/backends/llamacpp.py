@@ -444,7 +444,9 @@ class LlamaCppBackend(Backend):
         if self.exact_width < N_BATCH:  # exact mode, past the load-time check
             calls, scored = [], []
             for block, rows in zip(blocks, by_block, strict=True):
-                if not block.scored:  # a prefill chunk: all its rows
+                if block.narrow:  # a prefill chunk computed as a step's rows (PrefillPlan): none
+                    head = 0
+                elif not block.scored:  # a prefill chunk: all its rows
                     head = len(rows)
                 elif block.wanted < len(rows):  # prompt rows first: they and the prompt's last token, as llama-server
                     head = len(rows) - block.wanted + 1  # does (plain decoding's first step too)
@@ -584,6 +586,7 @@ class _Block:
     ids: list[int]
     wanted: int  # logits for the last `wanted` tokens
     scored: bool = True  # its logits are read (False: a prefill chunk's, not split off in exact mode: _decode)
+    narrow: bool = False  # a prefill chunk in calls of at most the exact width, as a step's rows (exact mode)
 
 
 class LlamaCppSequence(Sequence):
@@ -611,15 +614,15 @@ class LlamaCppSequence(Sequence):
         self.check_open()
         return self.backend._decode(self.context, [_Block(self, token_ids, num_logits)])[0]
 
-    def prefill(self, token_ids: Seq[int]) -> None:
+    def prefill(self, token_ids: Seq[int], narrow: bool = False) -> None:
         """A prompt chunk in passes of up to N_BATCH tokens, its last row not split off in exact mode: as in
         one whole prefill, a row of a pass of 32 tokens or more goes through ggml's tiled matmul wherever the
-        chunk ends (_decode)."""
+        chunk ends (_decode). narrow (exact mode): in passes of at most the exact width, as a step's rows."""
         if not token_ids:  # an empty chunk (a one-token prompt): nothing to prefill
             return
         check_forward(self.length, len(token_ids), self.context_length)
         self.check_open()
-        self.backend._decode(self.context, [_Block(self, list(token_ids), 1, scored=False)])
+        self.backend._decode(self.context, [_Block(self, list(token_ids), 1, scored=False, narrow=narrow)])
         self.tokens.extend(int(t) for t in token_ids)
 
     def _truncate(self, length: int) -> None:
