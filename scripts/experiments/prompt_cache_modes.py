@@ -2,7 +2,10 @@
 suite (its sets A, W and B, scripts/llama_server_compare.py's split_suite, seed 0; 96 tokens each, default drafting)
 through one pipeline per mode, a fresh one each, one mode after another:
 
-- exact: the default (PromptCache._reusable: only rows a fresh prefill of the prompt computes alike);
+- exact: the default (PromptCache._reusable: only rows a fresh prefill of the prompt computes alike; the assistant's
+  messages in a prompt's history prefilled as a step's rows, decision 0019);
+- unmarked: the same without the chat template's markers (decision 0018's rule before 0019: a next turn prefills its
+  last answer again);
 - narrow: every prompt prefilled in passes of the exact width (17 rows on the project's build), so that every row is
   one kind and every kept row can be reused: the prompt cache then takes every shared row (a way not taken, decision
   0018; patched in here, not an option of the engine);
@@ -13,7 +16,7 @@ summed, their first tokens' seconds summed, and how many texts equal the exact m
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python scripts/experiments/prompt_cache_modes.py [MODES...]
 
-docs/decisions/0018-history-exact-prompt-cache.md, "Not taken", has what it gave on the 2-core AMD EPYC.
+docs/decisions/0018-history-exact-prompt-cache.md, "Not taken", and 0019 have what it gave.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from spekula.config import SamplingParams, StopConfig
 from spekula.options import backend_from_args, draft_backend_from_args, spec_from_args
 from spekula.pipeline import Pipeline
 
-MODES = ("exact", "narrow", "any")
+MODES = ("exact", "unmarked", "narrow", "any")
 COMPARE = Path(__file__).resolve().parents[1] / "llama_server_compare.py"
 
 
@@ -56,6 +59,9 @@ def run(mode: str, sets: dict) -> dict[tuple[str, str], tuple[str, float, float,
         pipe = Pipeline.load(
             args.target, args.draft, spec_from_args(args), backend_from_args(args), draft_backend_from_args(args)
         )
+        if mode == "unmarked":
+            for engine in (pipe.engine, pipe.plain_engine):
+                engine.prompt_cache.markers = None
         if mode == "narrow":  # every row one kind: any shared row is a fresh prefill's, and any chunk will do
             target = pipe.target
             assert target.exact_width == llamacpp.EXACT_WIDTHS[0], "the narrow mode needs the widest exact block"

@@ -158,9 +158,10 @@ class SpecConfig:
         False,
         "--prompt-cache-any-rows",
         "with the prompt cache on llama.cpp in exact mode, reuse every kept row a prompt shares, as llama.cpp's "
-        "cache_prompt does: a conversation's next turn does not prefill the last answer again, but a greedy answer "
-        "may then depend on the requests served before it (default: off, only rows a fresh prefill of the prompt "
-        "would compute bit for bit alike)",
+        "cache_prompt does: a re-sent prompt, or a short one after a long one with the same start, prefills "
+        "less, but a greedy answer may then depend on the requests served before it (default: off, only rows a "
+        "fresh prefill of the prompt would compute bit for bit alike; a conversation's next turn takes its last "
+        "answer either way)",
     )
     # At a plain step of a request that has verified nothing yet, score the draft a free proposer (suffix,
     # n-gram) would have made against the tokens emitted next, so the controller learns from it

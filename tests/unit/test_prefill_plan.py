@@ -212,3 +212,35 @@ def test_without_the_plan_a_kept_answer_would_change_the_next_turn_s_text():
     _, second = conversation(served.generate(first, SamplingParams(), stop).run().token_ids)
     text = served.generate(second, SamplingParams(), stop).run().token_ids
     assert text != Engine(KindedBackend()).generate(second, SamplingParams(), stop).run().token_ids
+
+
+@pytest.mark.parametrize("budget", [None, 5, 40])
+def test_a_server_s_chunks_follow_the_plan_and_give_a_fresh_prefill_s_text(budget):
+    """As Scheduler._chunk does: a chunk a round, at most `budget` tokens, the prompt's last chunk folded into the
+    first step. Chunks stay inside one segment, the answer's are narrow, and the text is a fresh engine's."""
+    markers = TurnMarkers(HEADER, frozenset({IM_END}))
+    stop = StopConfig(max_tokens=12, ignore_eos=True)
+    first, _ = conversation([])
+    reference = Engine(KindedBackend(), markers=markers)
+    _, second = conversation(reference.generate(first, SamplingParams(), stop).run().token_ids)
+    expected = reference.generate(second, SamplingParams(), stop).run().token_ids  # took turn 1's answer
+    plan = reference.prompt_cache.plan(second[:-1])
+    assert len(plan.narrow) == 1
+
+    served = Engine(KindedBackend(), markers=markers)
+    gen = served.generate(second, SamplingParams(), stop)
+    cuts = []
+    while True:
+        start = gen.target_sequence.length if gen.target_sequence is not None else 0
+        chunk = gen.prefill_chunk(budget)
+        cuts.append((start, start + len(chunk.tokens), chunk.narrow))
+        if len(chunk.tokens) == gen.prefill_left:
+            gen.fold(chunk)
+            break
+        chunk.run()
+        gen.prefilled()
+    assert gen.run().token_ids == expected
+    for start, end, narrow in cuts:
+        s, e, in_narrow = plan.segment(start)
+        assert end <= e and narrow == in_narrow
+    assert any(narrow for *_, narrow in cuts) and cuts[-1][1] == len(second) - 1
