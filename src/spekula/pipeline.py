@@ -15,7 +15,6 @@ from spekula.backends.base import Backend
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine, Generation
 from spekula.errors import ConfigError
-from spekula.prefill_plan import TurnMarkers
 from spekula.proposers import build_proposer, needs_model
 from spekula.proposers.base import ProposerFactory
 from spekula.text import IncrementalDetokenizer, StopMatcher, TextCodec
@@ -119,7 +118,8 @@ class Pipeline:
         self.codec = codec
         self.spec = spec
         self.draft_name = draft_name
-        markers = TurnMarkers.from_tokenizer(codec.tokenizer)  # both engines prefill a prompt alike
+        # both engines prefill a prompt alike (PromptCache.plan); a stand-in codec (tests) has no chat template
+        markers = codec.turn_markers() if isinstance(codec, TextCodec) else None
         self.engine = Engine(target, proposer, spec, markers)
         self.plain_engine = Engine(target, None, spec, markers)
 

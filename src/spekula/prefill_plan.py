@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
 
 from spekula.backends.base import pass_kind
 
@@ -24,7 +23,8 @@ from spekula.backends.base import pass_kind
 class TurnMarkers:
     """Where a chat template's assistant messages lie in a prompt's token ids: each starts after `header` (the
     tokens a generation prompt adds, e.g. Qwen's `<|im_start|>assistant\\n`) and ends before the first of `ends`
-    (the token that closes a message, e.g. `<|im_end|>`, and the end-of-sequence tokens)."""
+    (the token that closes a message, e.g. `<|im_end|>`, and the end-of-sequence tokens). TextCodec.turn_markers
+    finds them in a model's template."""
 
     header: tuple[int, ...]
     ends: frozenset[int]
@@ -57,40 +57,6 @@ class TurnMarkers:
             if end > start:
                 found.append((start, end))
             at = end
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> TurnMarkers | None:
-        """The markers of a Hugging Face tokenizer's chat template, found by rendering a one-message conversation
-        with and without the generation prompt and with an answer; None where the template has none, or renders
-        these so that the answer's text is not between a header and an end token."""
-        if not getattr(tokenizer, "chat_template", None):
-            return None
-        user = [{"role": "user", "content": "Hi"}]
-        answer = "Hello there"
-
-        def ids(messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-            out = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
-            )
-            if isinstance(out, dict) or hasattr(out, "keys"):
-                out = out["input_ids"]
-            return [int(i) for i in out]
-
-        try:
-            bare, prompted = ids(user, False), ids(user, True)
-            answered = ids([*user, {"role": "assistant", "content": answer}], False)
-            text = [int(i) for i in tokenizer.encode(answer, add_special_tokens=False)]
-        except Exception:  # a template that refuses these messages: no plan, a prompt prefilled as before
-            return None
-        header = prompted[len(bare) :]
-        rest = answered[len(prompted) :]
-        if prompted[: len(bare)] != bare or answered[: len(prompted)] != prompted or not header:
-            return None
-        if rest[: len(text)] != text or len(rest) <= len(text):
-            return None
-        eos = getattr(tokenizer, "eos_token_id", None)
-        ends = {rest[len(text)], *([eos] if isinstance(eos, int) else [])}
-        return cls(tuple(header), frozenset(ends))
 
 
 @dataclass(frozen=True)

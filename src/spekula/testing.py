@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from spekula.backends.base import Backend, Sequence
+from spekula.backends.base import Backend, Sequence, pass_kind
 
 LogitsFn = Callable[[list[int]], torch.Tensor]  # prefix (ending with the current token) -> [V]
 
@@ -52,6 +52,26 @@ class FunctionSequence(Sequence):
 
     def _truncate(self, length: int) -> None:
         pass
+
+
+class KindedSequence(FunctionSequence):
+    """A FunctionSequence that records each row's pass kind (Capabilities.pass_kind_widths of its backend) as
+    llama.cpp's exact mode does (LlamaCppSequence.pass_kinds): one pass per forward."""
+
+    def __init__(self, backend: FunctionBackend) -> None:
+        super().__init__(backend)
+        self.kinds = bytearray()
+
+    @property
+    def pass_kinds(self) -> bytearray:
+        return self.kinds
+
+    def _forward(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
+        self.kinds.extend([pass_kind(len(token_ids), self.backend.capabilities.pass_kind_widths)] * len(token_ids))
+        return super()._forward(token_ids, num_logits)
+
+    def _truncate(self, length: int) -> None:
+        del self.kinds[length:]
 
 
 def random_table_backend(

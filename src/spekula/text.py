@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from spekula.errors import ConfigError
+from spekula.prefill_plan import TurnMarkers
 
 
 class TextCodec:
@@ -52,6 +53,39 @@ class TextCodec:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def turn_markers(self) -> TurnMarkers | None:
+        """Where the chat template puts the assistant's messages in a prompt's ids (spekula.prefill_plan), found by
+        rendering a one-message conversation with and without the generation prompt and with an answer; None where
+        the tokenizer has no template, or one that renders these so that the answer is not between a header and an
+        end token."""
+        tokenizer = self.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            return None
+        user = [{"role": "user", "content": "Hi"}]
+        answer = "Hello there"
+
+        def ids(messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+            out = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+            )
+            if isinstance(out, dict) or hasattr(out, "keys"):  # some versions return a BatchEncoding
+                out = out["input_ids"]
+            return [int(i) for i in out]
+
+        try:
+            bare, prompted = ids(user, False), ids(user, True)
+            answered = ids([*user, {"role": "assistant", "content": answer}], False)
+            text = [int(i) for i in tokenizer.encode(answer, add_special_tokens=False)]
+        except Exception:  # a template that refuses these messages: no markers, prompts prefilled as before
+            return None
+        header, rest = prompted[len(bare) :], answered[len(prompted) :]
+        if prompted[: len(bare)] != bare or answered[: len(prompted)] != prompted or not header:
+            return None
+        if rest[: len(text)] != text or len(rest) <= len(text):
+            return None
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return TurnMarkers(tuple(header), frozenset({rest[len(text)], *([eos] if isinstance(eos, int) else [])}))
 
     def vocabulary_fingerprint(self) -> str:
         """Hash of token -> id; two tokenizers with equal fingerprints map text to the same ids."""

@@ -15,7 +15,6 @@ from spekula.backends.llamacpp import _exact_attentions
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.pipeline import load_model
-from spekula.prefill_plan import TurnMarkers
 from spekula.prompt_cache import shared_prefix
 from spekula.proposers import DraftModelFactory, NgramFactory, SuffixFactory
 
@@ -291,7 +290,7 @@ def test_exact_mode_s_next_turn_takes_its_last_answer_with_a_fresh_prefill_s_bit
     the answer from its cache and the next turn's last prompt token scores bit for bit as after a fresh prefill.
     Before, the turn took the first prompt only (decision 0018)."""
     target, codec = qwen_exact
-    markers = TurnMarkers.from_tokenizer(codec.tokenizer)
+    markers = codec.turn_markers()
     assert markers is not None and codec.tokenizer.decode(list(markers.header)) == "<|im_start|>assistant\n"
     messages = [{"role": "user", "content": LONG_COPY_PROMPT}]
     first = codec.encode(messages=messages)

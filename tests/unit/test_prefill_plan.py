@@ -9,7 +9,8 @@ from spekula.backends.base import Capabilities, pass_kind
 from spekula.config import SamplingParams, StopConfig
 from spekula.engine import Engine
 from spekula.prefill_plan import PrefillPlan, TurnMarkers
-from spekula.testing import FunctionBackend, FunctionSequence, random_table_backend
+from spekula.testing import FunctionBackend, KindedSequence, random_table_backend
+from spekula.text import TextCodec
 
 IM_START, IM_END, EOS = 300, 301, 302
 
@@ -34,7 +35,7 @@ HEADER = (IM_START, *b"assistant\n")
 
 
 def test_markers_come_from_the_chat_template():
-    markers = TurnMarkers.from_tokenizer(ChatTokenizer())
+    markers = TextCodec(ChatTokenizer()).turn_markers()
     assert markers == TurnMarkers(HEADER, frozenset({IM_END, EOS}))
 
     class NoGenerationPrompt(ChatTokenizer):  # a template that adds nothing for the answer: no markers
@@ -49,7 +50,7 @@ def test_markers_come_from_the_chat_template():
         chat_template = None
 
     for tokenizer in (NoGenerationPrompt(), Refuses(), Plain()):
-        assert TurnMarkers.from_tokenizer(tokenizer) is None
+        assert TextCodec(tokenizer).turn_markers() is None
 
 
 def test_spans_are_the_closed_assistant_messages():
@@ -117,18 +118,10 @@ def test_reusable_takes_whole_segments_and_leaves_a_wide_one_a_pass_of_its_kind(
     assert short.reusable([0, 0], shared=2) == 2
 
 
-class KindedSequence(FunctionSequence):
+class LeaningSequence(KindedSequence):
     """Rows whose bits depend on the kind of pass that computed them, as in llama.cpp's exact mode: each row's logits
     lean towards a letter chosen by the kinds of every row up to it, so a row of another kind changes the text. A
     narrow prefill runs as a step's passes."""
-
-    def __init__(self, backend) -> None:
-        super().__init__(backend)
-        self.kinds = bytearray()
-
-    @property
-    def pass_kinds(self):
-        return self.kinds
 
     def prefill(self, token_ids, narrow=False):
         if not narrow:
@@ -138,14 +131,10 @@ class KindedSequence(FunctionSequence):
 
     def _forward(self, token_ids, num_logits):
         logits = super()._forward(token_ids, num_logits)
-        self.kinds.extend([pass_kind(len(token_ids), self.backend.capabilities.pass_kind_widths)] * len(token_ids))
         for row in range(num_logits):
             held = len(self.kinds) - num_logits + row + 1
             logits[row, 97 + (sum(k * (i + 1) for i, k in enumerate(self.kinds[:held])) % 26)] += 2.0
         return logits
-
-    def _truncate(self, length: int) -> None:
-        del self.kinds[length:]
 
 
 class KindedBackend(FunctionBackend):
@@ -164,7 +153,7 @@ class KindedBackend(FunctionBackend):
         super().__init__(logits_fn, EOS + 1)
 
     def new_sequence(self):
-        return KindedSequence(self)
+        return LeaningSequence(self)
 
 
 def conversation(answer: list[int]) -> tuple[list[int], list[int]]:

@@ -8,7 +8,7 @@ from spekula.config import SamplingParams, SpecConfig, StopConfig
 from spekula.engine import Engine
 from spekula.prompt_cache import PromptCache, shared_prefix
 from spekula.proposers import build_proposer
-from spekula.testing import FunctionBackend, FunctionSequence, random_table_backend
+from spekula.testing import FunctionBackend, KindedSequence, random_table_backend
 
 
 def test_shared_prefix():
@@ -217,25 +217,6 @@ def test_a_next_turn_prefills_only_its_new_tokens_and_decodes_as_from_scratch(dr
     assert second.token_ids == fresh.token_ids
     assert fresh.stats.cached_tokens == 0
     assert cached_backend.tokens_fed - fed_before < fresh_backend.tokens_fed  # what the cache saved
-
-
-class KindedSequence(FunctionSequence):
-    """Records each row's pass kind as llama.cpp's exact mode does (LlamaCppSequence): one pass per forward."""
-
-    def __init__(self, backend) -> None:
-        super().__init__(backend)
-        self.kinds = bytearray()
-
-    @property
-    def pass_kinds(self):
-        return self.kinds
-
-    def _forward(self, token_ids, num_logits):
-        self.kinds.extend([pass_kind(len(token_ids), self.backend.capabilities.pass_kind_widths)] * len(token_ids))
-        return super()._forward(token_ids, num_logits)
-
-    def _truncate(self, length: int) -> None:
-        del self.kinds[length:]
 
 
 class KindedBackend(FunctionBackend):
