@@ -1,6 +1,7 @@
 """Text in and out: the only place that knows about tokenizers.
 
-- TextCodec: prompt -> token ids (optionally through the model's chat template), ids -> text.
+- TextCodec: prompt -> token ids (optionally through the model's chat template), ids -> text; where the template
+  puts the assistant's messages (turn_markers: spekula.prefill_plan).
 - IncrementalDetokenizer: token ids arrive in chunks; text comes out only when it is complete UTF-8
   (a multi-byte character split across tokens is held back, never emitted as '\ufffd').
 - StopMatcher: stop strings on the text stream; text that could be the start of a stop string is

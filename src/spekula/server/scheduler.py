@@ -22,7 +22,8 @@
   exact, Capabilities.prefill_alone, the chunks run first, in passes of their own). While requests
   decode, chunks that leave a prompt unfinished get at most prefill_share of the worker's time (a third
   by default; the requests decoding are nearer their end: Scheduler._prefill).
-  prefill_chunk = 0: every prompt whole, in the round it was admitted.
+  prefill_chunk = 0: every prompt whole, in the round it was admitted (where a prompt's history holds the
+  assistant's messages, on llama.cpp in exact mode, a segment of it a round: spekula.prefill_plan).
 - A request that finishes in a round (stop token, max_tokens, stop string, full context) is finished
   in that round: its last text and its end go out, its caches and slot are freed, before the next
   round starts.
