@@ -103,7 +103,11 @@ class PrefillPlan:
     def kind(self, position: int) -> int:
         """The kind of pass a fresh prefill computes `position`'s row in (< length)."""
         s, e, narrow = self.segment(position)
-        return 0 if narrow else pass_kind(e - s + (e == self.length), self.widths)
+        return self._kind_of(s, e, narrow)
+
+    def _kind_of(self, start: int, end: int, narrow: bool) -> int:
+        """A segment's pass kind: a step's if narrow, else its width's (the last one with the prompt's last token)."""
+        return 0 if narrow else pass_kind(end - start + (end == self.length), self.widths)
 
     def reusable(self, kinds: Seq[int], shared: int, held: int = 0) -> int:
         """How many leading rows a request with this plan may take from a sequence whose rows' kinds are `kinds` and
@@ -113,8 +117,8 @@ class PrefillPlan:
         pass of its kind."""
         taken = held
         while taken < self.length:
-            s, e, _ = self.segment(taken)
-            kind = self.kind(taken)
+            s, e, narrow = self.segment(taken)
+            kind = self._kind_of(s, e, narrow)
             stop, limit = taken, min(shared, e)
             while stop < limit and kinds[stop] == kind:
                 stop += 1

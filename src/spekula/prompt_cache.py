@@ -93,7 +93,8 @@ class PromptCache:
         """A sequence for a request whose prompt, all but its last token, is `prefix`: the kept one that
         shares most with prefix (a parked one: a new sequence holding its cache), cut back to what they
         share (its `length` says how many tokens are already there), or a fresh one."""
-        shares = [self._reusable(kept, prefix) for kept in self._kept]
+        plan = self.plan(prefix)
+        shares = [self._reusable(kept, prefix, plan) for kept in self._kept]
         best = max(reversed(range(len(shares))), key=shares.__getitem__, default=None)  # ties: the latest
         # Where the runtime shares cells between sequences, a fresh sequence borrows the shared part
         # (borrow(), before the first chunk) and the kept one stays whole for a request that shares more
@@ -128,8 +129,9 @@ class PromptCache:
         self._live.append(sequence)
         return sequence
 
-    def _reusable(self, source: Sequence, prefix: Seq[int], held: int = 0) -> int:
-        """How many of prefix's leading tokens a request may take from `source` (it holds the first `held` already):
+    def _reusable(self, source: Sequence, prefix: Seq[int], plan: PrefillPlan, held: int = 0) -> int:
+        """How many of prefix's leading tokens (`plan`: its prefill's, plan()) a request may take from `source` (it
+        holds the first `held` already):
         those they share, and where the runtime's rows hold other bits after passes of other kinds
         (Capabilities.pass_kind_widths), only as many as a fresh prefill of the prompt would compute alike
         (PrefillPlan.reusable): a taken row must have been computed by a pass of the kind the plan computes it in,
@@ -140,7 +142,7 @@ class PromptCache:
         kinds = source.pass_kinds
         if self.any_rows or not self.backend.capabilities.pass_kind_widths or kinds is None or shared <= held:
             return shared
-        return self.plan(prefix).reusable(kinds, shared, held)
+        return plan.reusable(kinds, shared, held)
 
     def plan(self, prefix: Seq[int]) -> PrefillPlan:
         """How a fresh prefill of a prompt whose prefix (all but its last token) is `prefix` computes its rows
@@ -184,12 +186,14 @@ class PromptCache:
         if not self.enabled or len(prefix) <= sequence.length:
             return 0
         sources = [s for s in [*self._live, *self._kept] if s is not sequence and not s.parked]
-        best = max(sources, key=lambda s: self._reusable(s, prefix, sequence.length), default=None)
-        return 0 if best is None else self._borrow_from(best, sequence, prefix)
+        held, plan = sequence.length, self.plan(prefix)
+        shares = [(self._reusable(s, prefix, plan, held), s) for s in sources]
+        shared, best = max(shares, key=lambda share: share[0], default=(0, None))
+        return 0 if best is None else self._borrow_from(best, sequence, shared)
 
-    def _borrow_from(self, source: Sequence, sequence: Sequence, prefix: Seq[int]) -> int:
+    def _borrow_from(self, source: Sequence, sequence: Sequence, shared: int) -> int:
+        """Share source's first `shared` tokens (_reusable's) into `sequence`; the tokens it gained."""
         held = sequence.length
-        shared = self._reusable(source, prefix, held)
         if shared <= held or shared < self.min_tokens or not self.backend.share_prefix(source, sequence, shared):
             return 0
         self.reused_tokens += shared - held
