@@ -183,6 +183,7 @@ def test_exact_mode_takes_the_way_whose_one_token_pass_its_checks_timed_cheaper_
     0012-prefill-chunks.md)."""
     from spekula import llamacpp_check
 
+    monkeypatch.setattr(llamacpp._WayRecord, "of", classmethod(lambda cls, gguf, threads: None))  # every load measures
     config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=3, context_length=256)
     ways = llamacpp._exact_attentions(llamacpp_check.installed_patches(), 2, 9)  # SmolLM2-135M: 9 heads
     checked, _ = load_model("smollm2-135m", config)  # as measured on this machine
@@ -232,6 +233,56 @@ def test_exact_mode_takes_the_way_whose_one_token_pass_its_checks_timed_cheaper_
     assert seq.context is backend._shared and seq.forward([5, 6, 7]).shape[0] == 3
 
 
+def test_exact_mode_records_the_way_it_chose_and_a_later_load_takes_it_where_it_is_still_exact(monkeypatch, tmp_path):
+    """Where exact mode chose its attention way by measurement, it records the choice (llamacpp._WayRecord, keyed by
+    the GGUF file, the library files, the CPU and the threads), and a later load takes the recorded way, whatever its
+    own timings would say, once its checks find it exact: a restart computes the same bits. SPEKULA_MEASURE_WAYS=1
+    measures again and records the new choice; a recorded way that is not exact is measured against the others again
+    (docs/decisions/0020-prefetch-spread-and-recorded-ways.md)."""
+    from spekula import llamacpp_check
+
+    path = tmp_path / "ways" / "way.json"
+    monkeypatch.setattr(llamacpp._WayRecord, "of", classmethod(lambda cls, gguf, threads: cls(path)))
+    config = BackendConfig(runtime="llamacpp", threads=2, exact=True, context_length=256)
+    ways = llamacpp._exact_attentions(llamacpp_check.installed_patches(), 2, 9)  # SmolLM2-135M: 9 heads
+    assert len(ways) > 2  # the project's build: the first way, compared with flash attention with K in F16
+    first, flash = ways[0], ways[2]
+    priced(monkeypatch, flash_row=1.0, matmul_row=2.0)
+    measured, _ = load_model("smollm2-135m", config)
+    assert taken(measured) == way(flash) and len(measured.one_token_seconds) == 2
+    assert llamacpp._WayRecord(path).read(ways) == (flash, measured.one_token_seconds)
+    priced(monkeypatch, flash_row=2.0, matmul_row=1.0)  # a load that measured would take the first way now
+    checks: list[tuple[bool, int]] = []
+    chunked = llamacpp.LlamaCppBackend._prefills_in_any_chunks
+
+    def logged(self, rows: int) -> bool:
+        checks.append((self.flash_attention, self.flash_min_rows))
+        return chunked(self, rows)
+
+    monkeypatch.setattr(llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", logged)
+    again, _ = load_model("smollm2-135m", config)
+    assert taken(again) == way(flash) and again.one_token_seconds == measured.one_token_seconds
+    assert checks == [(flash.flash, flash.flash_min_rows)]  # the recorded way's checks alone
+    assert again.exact_width == llamacpp.EXACT_WIDTHS[0] and again.capabilities.block_invariant
+    prompt = [5, 6, 7, 8, 9]
+    assert torch.equal(measured.new_sequence().forward(prompt), again.new_sequence().forward(prompt))
+    monkeypatch.setenv(llamacpp.MEASURE_WAYS_ENV, "1")
+    remeasured, _ = load_model("smollm2-135m", config)
+    assert taken(remeasured) == way(first) and llamacpp._WayRecord(path).read(ways) is None  # the variable: measure
+    monkeypatch.delenv(llamacpp.MEASURE_WAYS_ENV)
+    assert llamacpp._WayRecord(path).read(ways) == (first, remeasured.one_token_seconds)
+    path.write_text(path.read_text().replace(str(first), str(flash)))  # recorded, but (below) no longer exact
+    priced(monkeypatch, flash_row=1.0, matmul_row=2.0)
+    monkeypatch.setattr(  # flash attention with K in F16 fails its checks: measured again, the first way is taken
+        llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", lambda self, rows: taken(self) != way(flash)
+    )
+    fallen, _ = load_model("smollm2-135m", config)
+    assert taken(fallen) == way(first) and len(fallen.one_token_seconds) == 1
+    assert llamacpp._WayRecord(path).read(ways)[0] == flash  # a choice with nothing compared is not recorded
+    path.write_text("{not json")
+    assert llamacpp._WayRecord(path).read(ways) is None
+
+
 @pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(model):
     """Exact mode with parallel > 1: one shared context with a KV stream per sequence. Steps of four sequences
@@ -248,6 +299,7 @@ def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(mode
         # EPYC Zen 4: 35-40 ms each) they can take different ones, whose rows hold other bits: both take the first
         # exact way here, so that the batched and the lone sequence differ only in the batching.
         first_way.setattr(llamacpp, "_cheapest", lambda seconds, margin=0.0: 0)
+        first_way.setattr(llamacpp._WayRecord, "of", classmethod(lambda cls, gguf, threads: None))  # nor recorded
         backend, _ = load_model(model, config)
         solo, _ = load_model(model, BackendConfig(runtime="llamacpp", threads=2, exact=True, context_length=512))
     assert solo.attention == backend.attention

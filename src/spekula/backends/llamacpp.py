@@ -64,6 +64,8 @@ Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`,
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import logging
 import os
 import time
@@ -81,6 +83,7 @@ from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
 from spekula.limits import check_forward
+from spekula.models.cache import cache_dir
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 # The build's patch after which one query's flash attention is split between threads only when its heads are fewer
@@ -104,6 +107,7 @@ log = logging.getLogger("spekula.llamacpp")
 # later only where it costs less by more than this share: which is cheaper follows the CPU (docs/decisions/
 # 0014-attention-way-by-measurement.md), and a margin keeps a tie from flipping the way between loads.
 WAY_MARGIN = 0.02
+MEASURE_WAYS_ENV = "SPEKULA_MEASURE_WAYS"  # set to 1: measure the ways again rather than take the recorded one
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 # Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
 # pass reads 512 KV cells (llama.cpp pads the cells a pass reads to 256) and other kernel paths begin.
@@ -198,8 +202,25 @@ class LlamaCppBackend(Backend):
         K in Q8_0) is taken anyway, at whatever width is exact, where no other is. Of the first exact way (in order of
         preference) and the first exact one after it whose one-token passes take the other kernel (flash attention's
         one-row kernel or matmuls; not the last way, whose prompts are dearer), the one whose one-token passes cost
-        less in the checks is taken, the later only by more than WAY_MARGIN (_cheapest). Then (with a shared context)
-        whether rows of several sequences batched in one call are exact too; where they are not, no batching."""
+        less in the checks is taken, the later only by more than WAY_MARGIN (_cheapest), and the choice is recorded
+        (_WayRecord): a later load of this GGUF on this build, CPU and thread count checks the recorded way and takes
+        it where it is exact, so that a restart computes the same bits (docs/decisions/0020-prefetch-spread-and-
+        recorded-ways.md). Then (with a shared context) whether rows of several sequences batched in one call are
+        exact too; where they are not, no batching."""
+        record = _WayRecord.of(self.gguf_path, self.threads)
+        if record is not None and (recorded := record.read(attentions)) is not None:
+            attention, seen = recorded
+            self._open_way(context_length, attention)
+            self.exact_width = N_BATCH
+            width, _ = self._exact_width_of(attention, attention is attentions[-1])
+            if width == EXACT_WIDTHS[0]:
+                log.info(f"exact mode takes {attention}, as recorded in {record.path} (which a load measured: "
+                         + ", ".join(f"{way}: {1000 * s:.1f} ms a one-token pass" for way, s in seen.items())
+                         + f"; {MEASURE_WAYS_ENV}=1 measures again)")  # fmt: skip
+                self._take_way(attention, width, seen)
+                return
+            log.warning(f"llama.cpp with {attention}, the way recorded in {record.path}, is not exact at every "
+                        "width on this load: measuring the ways again")  # fmt: skip
         checked: list[tuple[_Attention, int, float]] = []  # exact ways: the way, its width, s a one-token pass
         opened: _Attention | None = None  # the way whose contexts are open
         for attention in attentions:
@@ -209,9 +230,7 @@ class LlamaCppBackend(Backend):
             self._open_way(context_length, attention)
             opened = attention
             self.exact_width = N_BATCH  # the checks' passes go as _decode sends them before the width is known
-            # the last is taken whatever its prompt passes do (exact mode's setting before K went back to F16)
-            chunked = last or self._prefills_in_any_chunks(attention.prefill_min_rows)
-            width, seconds = self._widest_exact_block() if chunked else (1, float("inf"))
+            width, seconds = self._exact_width_of(attention, last)
             if width == EXACT_WIDTHS[0] or (last and not checked):
                 checked.append((attention, width, seconds))
                 if len(checked) == 2:
@@ -221,10 +240,24 @@ class LlamaCppBackend(Backend):
         attention, width, _ = checked[_cheapest([seconds for *_, seconds in checked])]
         if attention is not opened:  # another way was checked after it (exact or not)
             self._open_way(context_length, attention)
-        self.exact_width, self.attention = width, attention
-        self.one_token_seconds = {str(way): seconds for way, _, seconds in checked}  # what the choice saw
+        seen = {str(way): seconds for way, _, seconds in checked}
         log.info(f"exact mode takes {attention}: " + ", ".join(
-            f"{way}: {1000 * seconds:.1f} ms a one-token pass" for way, _, seconds in checked))  # fmt: skip
+            f"{way}: {1000 * seconds:.1f} ms a one-token pass" for way, seconds in seen.items()))  # fmt: skip
+        if record is not None and len(checked) == 2:  # a choice by measurement (the fallback is no choice)
+            record.write(attention, seen)
+        self._take_way(attention, width, seen)
+
+    def _exact_width_of(self, attention: _Attention, last: bool) -> tuple[int, float]:
+        """The widest exact block with this way's contexts open and the seconds of its fastest one-token pass
+        (_widest_exact_block); 1 and no time where its prompts are not chunk invariant, but the last way is taken
+        whatever its prompt passes do (exact mode's setting before K went back to F16)."""
+        chunked = last or self._prefills_in_any_chunks(attention.prefill_min_rows)
+        return self._widest_exact_block() if chunked else (1, float("inf"))
+
+    def _take_way(self, attention: _Attention, width: int, seen: dict[str, float]) -> None:
+        """Exact mode runs attention `attention`'s way (its contexts open), blocks of up to `width` rows a pass."""
+        self.exact_width, self.attention = width, attention
+        self.one_token_seconds = seen  # what the choice saw
         rows = attention.prefill_min_rows
         self.capabilities = replace(
             self.capabilities,
@@ -520,6 +553,47 @@ class _Attention:
         if self.flash and self.flash_min_rows:
             kind = f"flash attention from {self.flash_min_rows} rows, matmuls below"
         return f"{kind}, K in {'F16' if self.f16_k else 'Q8_0'}"
+
+
+@dataclass(frozen=True)
+class _WayRecord:
+    """Where exact mode keeps the attention way a load chose by measurement, for this GGUF file on this build of
+    llama.cpp (its library files), this CPU and this thread count: two ways can cost within a few percent of each
+    other (an AMD EPYC Zen 4: 35-40 ms each), so that a choice timed anew at every load flips between restarts, and
+    the ways' rows hold other bits. A later load checks the recorded way and takes it where it is exact;
+    SPEKULA_MEASURE_WAYS=1 measures the ways again and records the new choice."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, gguf: Path, threads: int) -> _WayRecord | None:
+        package = llamacpp_check.package_dir()
+        if package is None:
+            return None
+        stat, library = gguf.stat(), llamacpp_check.verdict_path(package).stem  # the library files and the CPU
+        key = f"{library}\n{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}\n{threads}"
+        return cls(cache_dir() / "llamacpp-ways" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json")
+
+    def read(self, attentions: list[_Attention]) -> tuple[_Attention, dict[str, float]] | None:
+        """The recorded way (one of `attentions`) and the one-token passes its choice saw; None where none is
+        recorded, the record is unreadable or SPEKULA_MEASURE_WAYS=1."""
+        if os.environ.get(MEASURE_WAYS_ENV, "") not in ("", "0"):
+            return None
+        try:
+            data = json.loads(self.path.read_text())
+            way, seen = data["way"], {str(k): float(v) for k, v in data["one_token_seconds"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return next(((a, seen) for a in attentions if str(a) == way), None)
+
+    def write(self, attention: _Attention, seen: dict[str, float]) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"way": str(attention), "one_token_seconds": seen}, indent=1) + "\n")
+            tmp.replace(self.path)
+        except OSError as e:  # a read-only cache: every load measures, as before
+            log.warning(f"could not record exact mode's attention way in {self.path}: {e}")
 
 
 def _cheapest(seconds: list[float], margin: float = WAY_MARGIN) -> int:
