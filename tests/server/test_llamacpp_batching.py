@@ -271,7 +271,7 @@ def test_exact_mode_records_the_way_it_chose_and_a_later_load_takes_it_where_it_
     assert taken(remeasured) == way(first) and llamacpp._WayRecord(path).read(ways) is None  # the variable: measure
     monkeypatch.delenv(llamacpp.MEASURE_WAYS_ENV)
     assert llamacpp._WayRecord(path).read(ways) == (first, remeasured.one_token_seconds)
-    path.write_text(path.read_text().replace(str(first), str(flash)))  # recorded, but (below) no longer exact
+    llamacpp._WayRecord(path).write(flash, remeasured.one_token_seconds)  # recorded, but (below) no longer exact
     priced(monkeypatch, flash_row=1.0, matmul_row=2.0)
     monkeypatch.setattr(  # flash attention with K in F16 fails its checks: measured again, the first way is taken
         llamacpp.LlamaCppBackend, "_prefills_in_any_chunks", lambda self, rows: taken(self) != way(flash)
