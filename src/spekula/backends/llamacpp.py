@@ -558,9 +558,9 @@ class _Attention:
 @dataclass(frozen=True)
 class _WayRecord:
     """Where exact mode keeps the attention way a load chose by measurement, for this GGUF file on this build of
-    llama.cpp (its library files), this CPU and this thread count: two ways can cost within a few percent of each
-    other (an AMD EPYC Zen 4: 35-40 ms each), so that a choice timed anew at every load flips between restarts, and
-    the ways' rows hold other bits. A later load checks the recorded way and takes it where it is exact;
+    llama.cpp (its library files), this CPU and this thread count: where two ways cost about the same, a choice timed
+    anew at every load flips between restarts, and the ways' rows hold other bits (docs/decisions/0020-prefetch-
+    spread-and-recorded-ways.md). A later load checks the recorded way and takes it where it is exact;
     SPEKULA_MEASURE_WAYS=1 measures the ways again and records the new choice."""
 
     path: Path
