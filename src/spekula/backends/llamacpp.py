@@ -255,7 +255,8 @@ class LlamaCppBackend(Backend):
         return self._widest_exact_block() if chunked else (1, float("inf"))
 
     def _take_way(self, attention: _Attention, width: int, seen: dict[str, float]) -> None:
-        """Exact mode runs attention `attention`'s way (its contexts open), blocks of up to `width` rows a pass."""
+        """Exact mode runs attention `attention`'s way (its contexts open), blocks of up to `width` rows a pass; with a
+        shared context, batched only where rows of several sequences in one call are exact too."""
         self.exact_width, self.attention = width, attention
         self.one_token_seconds = seen  # what the choice saw
         rows = attention.prefill_min_rows
