@@ -47,7 +47,13 @@ class TextCodec:
             raise ConfigError(
                 "this model has no chat template; send a plain prompt instead of chat messages (drop --chat)"
             )
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return self._template_ids(messages, generation_prompt=True)
+
+    def _template_ids(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+        """The chat template's token ids for these messages."""
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]
         return [int(i) for i in ids]
@@ -65,18 +71,9 @@ class TextCodec:
             return None
         user = [{"role": "user", "content": "Hi"}]
         answer = "Hello there"
-
-        def ids(messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-            out = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
-            )
-            if isinstance(out, dict) or hasattr(out, "keys"):  # some versions return a BatchEncoding
-                out = out["input_ids"]
-            return [int(i) for i in out]
-
         try:
-            bare, prompted = ids(user, False), ids(user, True)
-            answered = ids([*user, {"role": "assistant", "content": answer}], False)
+            bare, prompted = self._template_ids(user, False), self._template_ids(user, True)
+            answered = self._template_ids([*user, {"role": "assistant", "content": answer}], False)
             text = [int(i) for i in tokenizer.encode(answer, add_special_tokens=False)]
         except Exception:  # a template that refuses these messages: no markers, prompts prefilled as before
             return None

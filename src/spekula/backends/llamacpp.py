@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import logging
 import os
 import time
@@ -83,7 +82,7 @@ from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
 from spekula.limits import check_forward
-from spekula.models.cache import cache_dir
+from spekula.models.cache import cache_dir, read_json, write_json
 
 N_BATCH = 512  # tokens per llama_decode (a longer prefill, or a wider batch, is split)
 # The build's patch after which one query's flash attention is split between threads only when its heads are fewer
@@ -580,19 +579,18 @@ class _WayRecord:
         recorded, the record is unreadable or SPEKULA_MEASURE_WAYS=1."""
         if os.environ.get(MEASURE_WAYS_ENV, "") not in ("", "0"):
             return None
+        data = read_json(self.path)  # None where there is none or it is unreadable
+        if data is None:
+            return None
         try:
-            data = json.loads(self.path.read_text())
             way, seen = data["way"], {str(k): float(v) for k, v in data["one_token_seconds"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a record of this shape
             return None
         return next(((a, seen) for a in attentions if str(a) == way), None)
 
     def write(self, attention: _Attention, seen: dict[str, float]) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"way": str(attention), "one_token_seconds": seen}, indent=1) + "\n")
-            tmp.replace(self.path)
+            write_json(self.path, {"way": str(attention), "one_token_seconds": seen})
         except OSError as e:  # a read-only cache: every load measures, as before
             log.warning(f"could not record exact mode's attention way in {self.path}: {e}")
 
