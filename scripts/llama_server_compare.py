@@ -328,6 +328,7 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             summary[phase][label] = {"all": whole, **cells}
             lines.append(f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories) + " | |")
         lines += drafting_lines(phase, [r for r in rows if r["phase"] == phase], categories)
+        lines += pass_cost_lines(phase, [r for r in rows if r["phase"] == phase], categories)
         if not any(r.get("ttft_s") is not None for r in rows if r["phase"] == phase):
             continue  # requests not streamed: no time to the first token, no decode rate
         lines += [
@@ -368,6 +369,39 @@ def drafting_lines(phase: str, rows: list[dict], categories: list[str]) -> list[
             drafted, accepted = sum(d["drafted"] for d in mine), sum(d["accepted"] for d in mine)
             cells.append(f"{drafts}/{passes}, {accepted / drafted:.2f}" if drafted else f"0/{passes}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def pass_cost_lines(phase: str, rows: list[dict], categories: list[str]) -> list[str]:
+    """Per category, from each answer's `spec` timings (absent in runs before they were kept): each spekula
+    contender's milliseconds a target pass (its scoring time over its target passes, median per request), and
+    spekula's scoring time over `--draft none`'s on the same prompt (median per request). The two tell a loss
+    from drafting (more target time than plain decoding, below 1 where the drafts saved it) from a loss in the
+    build's own passes (plain decoding's milliseconds a pass dearer than llama-server's)."""
+    timed = [r for r in rows if ((r.get("drafting") or {}).get("timings") or {}).get("score_s") is not None]
+    names = sorted({r["server"] for r in timed})
+    if not names:
+        return []
+    score = {(r["id"], r["server"]): r["drafting"]["timings"]["score_s"] for r in timed}
+    passes = {(r["id"], r["server"]): r["drafting"]["target_passes"] for r in timed}
+    kinds = {r["id"]: r["category"] for r in timed}
+
+    def cells(values: dict[str, float], form: str) -> str:  # id -> value, a median per category
+        by = [[v for i, v in values.items() if kinds[i] == c] for c in categories]
+        return " | ".join(form.format(statistics.median(v)) if v else "-" for v in by)
+
+    lines = ["", f"{phase}: spekula's target passes: ms a pass; its scoring time over `--draft none`'s", ""]
+    lines += ["| contender | " + " | ".join(categories) + " |", "|---" * (len(categories) + 1) + "|"]
+    for name in names:
+        ms = {i: 1000 * s / passes[(i, n)] for (i, n), s in score.items() if n == name and passes[(i, n)]}
+        lines.append(f"| {name}, ms a pass | {cells(ms, '{:.1f}')} |")
+    if {"spekula", "spekula-plain"} <= set(names):
+        over = {
+            i: s / score[(i, "spekula-plain")]
+            for (i, n), s in score.items()
+            if n == "spekula" and score.get((i, "spekula-plain"))
+        }
+        lines.append(f"| spekula's scoring time over spekula-plain's | {cells(over, '{:.3f}')} |")
     return lines
 
 

@@ -137,6 +137,32 @@ def test_the_table_shows_per_category_how_much_spekula_drafted_and_how_much_was_
     assert "drafting" not in plain and summary["warm"]["spekula-plain"]["all"] == 1.0
 
 
+def test_the_table_shows_spekula_s_ms_a_pass_and_its_scoring_time_over_its_plain_decoding_s(script):
+    def row(id_, category, server, score_s=None, passes=0):
+        r = {"phase": "cold", "id": id_, "category": category, "server": server, "tokens_per_s": 10.0, "text": "t"}
+        if score_s is None:
+            return r
+        spec = {"target_passes": passes, "drafts": 1, "drafted": 2, "accepted": 1, "k_chosen": {}}
+        return {**r, "drafting": {**spec, "timings": {"score_s": score_s}}}
+
+    ids = (("a", "chat"), ("b", "chat"), ("c", "code"))
+    rows = [row(i, c, "llama-server") for i, c in ids]
+    rows += [row("a", "chat", "spekula-plain", 3.0, 100), row("b", "chat", "spekula-plain", 4.0, 100)]
+    rows += [row("c", "code", "spekula-plain", 4.0, 100)]
+    rows += [row("a", "chat", "spekula", 3.3, 100), row("b", "chat", "spekula", 4.0, 80)]
+    rows += [row("c", "code", "spekula")]  # saved before answers kept their timings: no cell from it
+    text, _ = script.table(rows, ["llama-server", "spekula-plain", "spekula"])
+    assert "cold: spekula's target passes: ms a pass" in text
+    assert "| spekula-plain, ms a pass | 35.0 | 40.0 |" in text  # medians of 30 and 40; 40 ms
+    assert "| spekula, ms a pass | 41.5 | - |" in text  # 33 and 50 ms
+    # per request 1.1 and 1.0: drafting cost a, saved nothing on b; code has no spekula timing
+    assert "| spekula's scoring time over spekula-plain's | 1.050 | - |" in text
+    untimed, _ = script.table(
+        [{k: v for k, v in r.items() if k != "drafting"} for r in rows], ["llama-server", "spekula"]
+    )
+    assert "target passes" not in untimed
+
+
 def test_a_streamed_answer_keeps_what_spekula_s_spec_object_says_it_drafted(script):
     spec = {
         "proposer": "suffix",
