@@ -376,8 +376,9 @@ def pass_cost_lines(phase: str, rows: list[dict], categories: list[str]) -> list
     """Per category, from each answer's `spec` timings (absent in runs before they were kept): each spekula
     contender's milliseconds a target pass (its scoring time over its target passes, median per request), and
     spekula's scoring time over `--draft none`'s on the same prompt (median per request). The two tell a loss
-    from drafting (more target time than plain decoding, below 1 where the drafts saved it) from a loss in the
-    build's own passes (plain decoding's milliseconds a pass dearer than llama-server's)."""
+    from drafting (more target time than plain decoding; below 1 where the drafts saved it) from a loss in the
+    build's own passes (`--draft none` slower than llama-server with its scoring time no higher). The ratio compares
+    two server processes: a difference in their own speed is in it too."""
     timed = [r for r in rows if ((r.get("drafting") or {}).get("timings") or {}).get("score_s") is not None]
     names = sorted({r["server"] for r in timed})
     if not names:
