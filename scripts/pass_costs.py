@@ -13,7 +13,12 @@ with the best speedup that width allows (every drafted token accepted, drafting 
 Usage (catalogue names or paths; loads the weights, downloads nothing):
 
     .venv/bin/python scripts/pass_costs.py [--runtime transformers|native|llamacpp] [--dtype float32]
-        [--context 60] [--repeats 3] [--widths 1,9,17,33] [--no-exact] [MODEL ...]
+        [--context 60] [--repeats 3] [--widths 1,9,17,33] [--no-exact] [--q6-K-zmm-runs 7,0] [MODEL ...]
+
+--q6-K-zmm-runs (llama.cpp, patch 0009): time each width with each of these settings of the switch that gives runs of
+rows the 512-bit or the 256-bit form of the repacked Q6_K kernels (bits: 1 runs of 1-3 rows, 2 of 4-7, 4 of 8; both
+forms compute the same bits), alternated pass by pass in one process, one line per setting; the load's own choice
+(backends/llamacpp_forms.py) is put back after.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from spekula.backends.base import Backend
 from spekula.config import BackendConfig
@@ -47,8 +52,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--context", type=int, default=60, help="tokens in the cache before the timed pass")
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per width; the median is printed")
     ap.add_argument("--widths", type=widths, default=widths("1,2,5,9"), help="comma-separated block widths S to time")
+    ap.add_argument(
+        "--q6-K-zmm-runs",
+        type=widths_or_zero,
+        default=None,
+        help="llama.cpp: comma-separated settings (0-7) of patch 0009's Q6_K kernel-form switch, alternated",
+    )
     ap.add_argument("models", nargs="*", default=DEFAULT_MODELS)
     args = ap.parse_args(argv)
+    if args.q6_K_zmm_runs is not None and (args.runtime != "llamacpp" or max(args.q6_K_zmm_runs) > 7):
+        ap.error("--q6-K-zmm-runs: settings 0-7, with --runtime llamacpp")
     if args.context < 1 or args.repeats < 1:
         ap.error("--context and --repeats must be >= 1")
     return args
@@ -65,20 +78,40 @@ def widths(text: str) -> list[int]:
     return values
 
 
-def time_passes(backend: Backend, context: list[int], widths: list[int], repeats: int) -> Iterator[tuple[int, float]]:
-    """(S, median seconds of a forward pass of S tokens after `context`) for each S in `widths`, in order."""
+def widths_or_zero(text: str) -> list[int]:
+    """'7,0' -> [7, 0]: comma-separated integers >= 0."""
+    try:
+        values = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return values
+
+
+def time_passes(
+    backend: Backend,
+    context: list[int],
+    widths: list[int],
+    repeats: int,
+    settings: Sequence[Callable[[], object]] = (lambda: None,),
+) -> Iterator[tuple[int, list[float]]]:
+    """(S, median seconds of a forward pass of S tokens after `context`, one per setting) for each S in `widths`, in
+    order. Each setting is a call made before its passes; with several, they alternate pass by pass."""
     seq = backend.new_sequence()
     seq.forward(context, num_logits=1)
     seq.forward([TOKEN])  # warm-up
     seq.truncate(len(context))
     for n in widths:
-        times = []
+        times: list[list[float]] = [[] for _ in settings]
         for _ in range(repeats):
-            start = time.perf_counter()
-            seq.forward([TOKEN] * n)
-            times.append(time.perf_counter() - start)
-            seq.truncate(len(context))
-        yield n, statistics.median(times)
+            for i, setting in enumerate(settings):
+                setting()
+                start = time.perf_counter()
+                seq.forward([TOKEN] * n)
+                times[i].append(time.perf_counter() - start)
+                seq.truncate(len(context))
+        yield n, [statistics.median(t) for t in times]
 
 
 def bound_at_full_acceptance(width: int, seconds: float, single: float) -> float:
@@ -93,17 +126,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = BackendConfig(dtype=args.dtype, threads=args.threads, runtime=args.runtime, exact=args.exact)
         backend, codec = load_model(name, config)
         ids = codec.encode(PROMPT * (args.context // 4 + 1))[: args.context]
-        single = None
-        for n, seconds in time_passes(backend, ids, args.widths, args.repeats):
-            single = seconds if n == 1 else single
-            bound = (
-                "" if single is None else f" (at most {bound_at_full_acceptance(n, seconds, single):.2f}x at alpha = 1)"
-            )
-            print(
-                f"{name} {args.runtime} {args.dtype} context={len(ids)} S={n}: {1000 * seconds:.0f} ms{bound}",
-                flush=True,
-            )
+        labels, settings, restore = q6_K_settings(args.q6_K_zmm_runs)
+        singles: list[float | None] = [None] * len(settings)
+        try:
+            for n, medians in time_passes(backend, ids, args.widths, args.repeats, settings):
+                for i, (label, seconds) in enumerate(zip(labels, medians, strict=True)):
+                    singles[i] = seconds if n == 1 else singles[i]
+                    single = singles[i]
+                    bound = (
+                        ""
+                        if single is None
+                        else f" (at most {bound_at_full_acceptance(n, seconds, single):.2f}x at alpha = 1)"
+                    )
+                    print(
+                        f"{name} {args.runtime} {args.dtype}{label} context={len(ids)} S={n}: {1000 * seconds:.0f} ms"
+                        f"{bound}",
+                        flush=True,
+                    )
+        finally:
+            restore()
     return 0
+
+
+def q6_K_settings(runs: list[int] | None) -> tuple[list[str], list[Callable[[], object]], Callable[[], object]]:
+    """The labels and calls of --q6-K-zmm-runs' settings (one unlabelled no-op without it), and a call that puts the
+    load's own choice back."""
+    if runs is None:
+        return [""], [lambda: None], lambda: None
+    from spekula.backends import llamacpp_forms
+
+    switch = llamacpp_forms.switch()
+    if switch is None:
+        raise SystemExit("--q6-K-zmm-runs: this llama.cpp build has no Q6_K kernel forms to switch (patch 0009)")
+    chosen = switch(-1)
+    return (
+        [f" q6_K_zmm_runs={r}" for r in runs],
+        [lambda r=r: switch(r) for r in runs],
+        lambda: switch(chosen),
+    )
 
 
 if __name__ == "__main__":

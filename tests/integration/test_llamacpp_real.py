@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from spekula import llamacpp_check
+from spekula.backends import llamacpp_forms
 from spekula.backends.base import pass_kind
 from spekula.backends.llamacpp import _exact_attentions
 from spekula.config import BackendConfig, SamplingParams, SpecConfig, StopConfig
@@ -200,6 +201,37 @@ def test_exact_mode_scores_a_block_bit_for_bit_as_single_tokens(qwen_exact, prom
         rows_merged = merged.forward(ids + generated[:width], num_logits=width + 1)
         merged.release()
         assert torch.equal(rows_merged[0], first) and torch.equal(rows_merged[1:], one_by_one[:width]), width
+
+
+def test_either_q6_K_kernel_form_gives_every_logit_the_same_bits(qwen_exact):
+    """Patch 0009: the load may give any run of rows either form of the repacked Q6_K kernels (the 0.5B Q4_K_M's
+    output matrix is Q6_K) because both compute the same bits: blocks of every run's widths, in the 512-bit form
+    throughout and in the 256-bit one throughout, give equal logits."""
+    target, codec = qwen_exact
+    set_runs = llamacpp_forms.switch()
+    if set_runs is None:  # a build without the 512-bit form (or the patch): the load chose nothing
+        assert target.q6_K_zmm_runs is None
+        return
+    chosen = set_runs(-1)
+    assert chosen == target.q6_K_zmm_runs  # the load left its choice set
+    # the switch is the loaded library's: no second copy mapped, whose switch no pass would read
+    with open("/proc/self/maps") as maps:
+        assert len({line.split()[-1] for line in maps if "libggml-cpu" in line}) == 1
+    ids = codec.encode(COPY_PROMPT)[:64]
+    block = [(101 + 37 * i) % target.vocab_size for i in range(13)]
+    logits = {}
+    try:
+        for runs in (7, 0):
+            set_runs(runs)
+            for width in (1, 2, 3, 4, 5, 8, 9, 13):
+                seq = target.new_sequence()
+                seq.forward(ids, num_logits=1)
+                logits[runs, width] = seq.forward(block[:width], num_logits=width)
+                seq.release()
+    finally:
+        set_runs(chosen)
+    for width in (1, 2, 3, 4, 5, 8, 9, 13):
+        assert torch.equal(logits[7, width], logits[0, width]), width
 
 
 @pytest.mark.parametrize("k", [1, 4, 8, 15])

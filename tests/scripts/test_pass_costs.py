@@ -51,10 +51,28 @@ def test_every_timed_pass_starts_from_the_context(script):
     context = list(range(10, 20))
     medians = list(script.time_passes(backend, context, [1, 3, 2], repeats=2))
     assert [n for n, _ in medians] == [1, 3, 2]
-    assert all(seconds > 0 for _, seconds in medians)
+    assert all(len(seconds) == 1 and seconds[0] > 0 for _, seconds in medians)
     # the prefill, the warm-up pass after it, then 2 timed passes per width, each after truncating to the context
     assert starts == [0, 10] + [10] * 6
     assert backend.tokens_fed == 10 + 1 + 2 * (1 + 3 + 2)
+
+
+def test_settings_alternate_pass_by_pass_with_a_median_each(script):
+    backend, starts = recording_backend()
+    made: list[str] = []
+    settings = [lambda: made.append("a"), lambda: made.append("b")]
+    medians = list(script.time_passes(backend, list(range(10, 20)), [1, 2], repeats=3, settings=settings))
+    assert [(n, len(seconds)) for n, seconds in medians] == [(1, 2), (2, 2)]
+    assert made == ["a", "b"] * 6  # per width, per repeat: each setting, then its pass
+    assert starts == [0, 10] + [10] * 12
+
+
+def test_q6_K_settings_need_the_llamacpp_runtime(script):
+    with pytest.raises(SystemExit):
+        script.parse_args(["--q6-K-zmm-runs", "7,0"])  # the default runtime: transformers
+    with pytest.raises(SystemExit):
+        script.parse_args(["--runtime", "llamacpp", "--q6-K-zmm-runs", "8"])
+    assert script.parse_args(["--runtime", "llamacpp", "--q6-K-zmm-runs", "7,0"]).q6_K_zmm_runs == [7, 0]
 
 
 def test_main_prints_one_line_per_model_and_width(script, monkeypatch, capsys):

@@ -19,9 +19,11 @@ are closed:
 - weights: the build patches llama.cpp (patches/llamacpp/, applied by spekula.llamacpp_build) so that its
   repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, Q6_K is repacked too on x86
   with AVX2, in kernels that sum a row alike alone or in a group (patch 0006, docs/decisions/0016-q6_K-repacked-
-  on-x86.md), with AVX-512 VNNI a Q4_K product of two rows or more goes through a kernel that sums a row as the
-  one-row kernel does (patch 0008, docs/decisions/0017-q4_K-vnni-all-rows.md), and ggml's tiled K-quant kernel
-  (another summation order; weights not repacked) takes over only from 32 rows, past any verified block;
+  on-x86.md; their 512-bit and 256-bit forms compute the same bits, and the load takes the faster for each run of
+  rows: llamacpp_forms, patch 0009), with AVX-512 VNNI a Q4_K product of two rows or more goes through a kernel
+  that sums a row as the one-row kernel does (patch 0008, docs/decisions/0017-q4_K-vnni-all-rows.md), and ggml's
+  tiled K-quant kernel (another summation order; weights not repacked) takes over only from 32 rows, past any
+  verified block;
 - attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build two ways
   do, K and V in F16 (llama.cpp's default types) and a prompt's passes of TILED_ATTENTION_ROWS or more in flash
   attention's tiled kernel: (patches 0004 and 0005) attention as matmuls in every narrower pass (llamafile's tinyBLAS
@@ -64,7 +66,6 @@ Uses llama-cpp-python's thin wrappers of the C objects (`_internals.LlamaModel`,
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import time
@@ -78,6 +79,7 @@ import torch
 
 from spekula import llamacpp_check
 from spekula.backends.base import Backend, Capabilities, Sequence, pass_kind
+from spekula.backends.llamacpp_forms import MEASURE_WAYS_ENV, measure_again, record_key, set_faster_q6_K_form
 from spekula.config import BackendConfig
 from spekula.errors import ConfigError
 from spekula.extras import needs_extra
@@ -106,7 +108,6 @@ log = logging.getLogger("spekula.llamacpp")
 # later only where it costs less by more than this share: which is cheaper follows the CPU (docs/decisions/
 # 0014-attention-way-by-measurement.md), and a margin keeps a tie from flipping the way between loads.
 WAY_MARGIN = 0.02
-MEASURE_WAYS_ENV = "SPEKULA_MEASURE_WAYS"  # set to 1: measure the ways again rather than take the recorded one
 EXACT_WIDTHS = (17, 7, 3, 2)  # block widths exact mode tries, widest first (17: --k-max 16 plus the last token)
 # Exact mode checks its width at the start of a context and again past this many tokens, where a one-token
 # pass reads 512 KV cells (llama.cpp pads the cells a pass reads to 256) and other kernel paths begin.
@@ -165,6 +166,9 @@ class LlamaCppBackend(Backend):
         self.exact_width = N_BATCH  # tokens per llama_decode for a verified block (exact mode may lower it)
         self.attention: _Attention | None = None  # exact mode's way of running attention (_check_exact)
         self.one_token_seconds: dict[str, float] = {}  # by way compared: a one-token pass in the checks
+        # the runs of rows whose repacked Q6_K weights take the build's 512-bit kernels (None: no choice in this build);
+        # set before exact mode's checks, which time the kernels that will run
+        self.q6_K_zmm_runs = set_faster_q6_K_form(self.model, self.gguf_path, self.threads, self.vocab_size)
         if self.exact:
             heads = int(llama_cpp.llama_model_n_head(self.model.model))
             ways = _exact_attentions(llamacpp_check.installed_patches(), self.threads, heads)
@@ -567,17 +571,13 @@ class _WayRecord:
 
     @classmethod
     def of(cls, gguf: Path, threads: int) -> _WayRecord | None:
-        package = llamacpp_check.package_dir()
-        if package is None:
-            return None
-        stat, library = gguf.stat(), llamacpp_check.verdict_path(package).stem  # the library files and the CPU
-        key = f"{library}\n{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}\n{threads}"
-        return cls(cache_dir() / "llamacpp-ways" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json")
+        key = record_key(gguf, threads)
+        return None if key is None else cls(cache_dir() / "llamacpp-ways" / f"{key}.json")
 
     def read(self, attentions: list[_Attention]) -> tuple[_Attention, dict[str, float]] | None:
         """The recorded way (one of `attentions`) and the one-token passes its choice saw; None where none is
         recorded, the record is unreadable or SPEKULA_MEASURE_WAYS=1."""
-        if os.environ.get(MEASURE_WAYS_ENV, "") not in ("", "0"):
+        if measure_again():
             return None
         data = read_json(self.path)  # None where there is none or it is unreadable
         if data is None:
