@@ -8,8 +8,9 @@ import pytest
 
 from spekula.backends import llamacpp_forms
 from spekula.backends.llamacpp_forms import RUNS, choose_runs
+from spekula.models.cache import read_json
 
-ALL = 7  # every run in the 512-bit form: what an AVX-512 BW build does before any choice
+ALL = llamacpp_forms.BUILT  # every run in the 512-bit form: what an AVX-512 BW build does before any choice
 
 
 def timer(ymm_over_zmm: dict[int, float], calls: list[tuple[int, int]] | None = None):
@@ -81,7 +82,10 @@ def test_the_load_records_its_choice_and_a_restart_takes_it(tmp_path, monkeypatc
     library.runs = ALL  # a restart: the library as built again
     assert llamacpp_forms.set_faster_q6_K_form(None, gguf, 2, 100) == 4
     assert library.runs == 4 and made == [2]  # read from the record, not timed
-    assert llamacpp_forms.set_faster_q6_K_form(None, gguf, 1, 100) == 4 and made == [2, 1]  # another thread count
+    # another thread count, the switch left at this process's earlier choice: every run timed again all the same
+    assert llamacpp_forms.set_faster_q6_K_form(None, gguf, 1, 100) == 4 and made == [2, 1]
+    record = llamacpp_forms._Record.of(gguf, 1)
+    assert record is not None and set(read_json(record.path)["seconds_512_256"]) == {run.name for run in RUNS}
     monkeypatch.setenv(llamacpp_forms.MEASURE_WAYS_ENV, "1")
     library.runs = ALL
     assert llamacpp_forms.set_faster_q6_K_form(None, gguf, 2, 100) == 4 and made == [2, 1, 2]  # timed again

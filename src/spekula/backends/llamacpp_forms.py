@@ -48,6 +48,7 @@ class Run:
 
 # patch 0009's bits: the one-row gemv and the rows left alone, a group of four with those after it, groups of eight
 RUNS = (Run("1-3 rows", 1, 1), Run("4-7 rows", 2, 4), Run("8 rows", 4, 8))
+BUILT = 1 | 2 | 4  # every run in the 512-bit form: a build's setting before any choice
 REPEATS = 5  # timed passes a form and run, alternated
 MARGIN = 0.02  # the 256-bit form replaces the build's 512-bit one only where it is faster by more than this
 CONTEXT = 64  # tokens before the timed passes (a verify pass's attention is a small share of its time either way)
@@ -157,7 +158,8 @@ def set_faster_q6_K_form(model: Any, gguf: Path, threads: int, vocab_size: int) 
         set_runs(recorded)
         log.info(f"repacked Q6_K: the 512-bit kernels for {_names(recorded)}, as recorded in {record.path}")
         return recorded
-    built = set_runs(-1)
+    # from the build's setting, not the switch's now: an earlier load in this process may have set it
+    built = BUILT
     timer = _PassTimer(model, threads, vocab_size)
     try:
         runs, seen = choose_runs(timer.time_pass, built)
