@@ -107,3 +107,22 @@ def test_the_switch_is_looked_up_in_the_library_file_the_process_mapped(tmp_path
     assert llamacpp_forms.loaded_library("libggml-cpu", maps) == "/venv/llama_cpp/lib/libggml-cpu.so.0"
     assert llamacpp_forms.loaded_library("libggml-base", maps) is None
     assert llamacpp_forms.loaded_library("libggml-cpu", tmp_path / "absent") is None
+
+
+def test_a_timing_that_fails_leaves_the_build_s_setting_and_the_load_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SPEKULA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(llamacpp_forms.MEASURE_WAYS_ENV, raising=False)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+
+    class FailingTimer:
+        def __init__(self, model, threads, vocab_size):
+            raise RuntimeError("no memory for a context")
+
+    library = FakeSwitch(0)  # an earlier load in the process chose the 256-bit form throughout
+    monkeypatch.setattr(llamacpp_forms, "switch", lambda: library)
+    monkeypatch.setattr(llamacpp_forms, "_PassTimer", FailingTimer)
+    assert llamacpp_forms.set_faster_q6_K_form(None, gguf, 2, 100) == ALL
+    assert library.runs == ALL and "could not time" in caplog.text
+    record = llamacpp_forms._Record.of(gguf, 2)
+    assert record is not None and not record.path.exists()  # nothing recorded: the next load times again
