@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--widths", type=widths, default=widths("1,2,5,9"), help="comma-separated block widths S to time")
     ap.add_argument(
         "--q6-K-zmm-runs",
-        type=widths_or_zero,
+        type=zmm_runs,
         default=None,
         help="llama.cpp: comma-separated settings (0-7) of patch 0009's Q6_K kernel-form switch, alternated",
     )
@@ -67,26 +67,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def integers(text: str, what: str, least: int) -> list[int]:
+    """'1,2,5,9' -> [1, 2, 5, 9]: comma-separated integers, each at least `least` (`what` names them in an error)."""
+    try:
+        values = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"{what} must be integers >= {least}, got {text!r}")
+    return values
+
+
 def widths(text: str) -> list[int]:
     """'1,2,5,9' -> [1, 2, 5, 9]; every width a positive integer."""
-    try:
-        values = [int(w) for w in text.split(",") if w.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"widths must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"widths must be integers >= 1, got {text!r}")
-    return values
+    return integers(text, "widths", 1)
 
 
-def widths_or_zero(text: str) -> list[int]:
-    """'7,0' -> [7, 0]: comma-separated integers >= 0."""
-    try:
-        values = [int(w) for w in text.split(",") if w.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
-    return values
+def zmm_runs(text: str) -> list[int]:
+    """'7,0' -> [7, 0]: settings of the Q6_K kernel-form switch."""
+    return integers(text, "settings", 0)
 
 
 def time_passes(
