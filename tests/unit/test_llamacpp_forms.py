@@ -67,7 +67,7 @@ def test_the_load_records_its_choice_and_a_restart_takes_it(tmp_path, monkeypatc
     made: list[int] = []
 
     class FakeTimer:
-        def __init__(self, model, threads, vocab_size):
+        def __init__(self, model, threads, vocab_size, set_runs):
             made.append(threads)
             self.time_pass = timer({1: 0.8, 4: 0.8, 8: 1.2})
 
@@ -116,7 +116,7 @@ def test_a_timing_that_fails_leaves_the_build_s_setting_and_the_load_goes_on(tmp
     gguf.write_bytes(b"GGUF")
 
     class FailingTimer:
-        def __init__(self, model, threads, vocab_size):
+        def __init__(self, model, threads, vocab_size, set_runs):
             raise RuntimeError("no memory for a context")
 
     library = FakeSwitch(0)  # an earlier load in the process chose the 256-bit form throughout

@@ -161,7 +161,7 @@ def set_faster_q6_K_form(model: Any, gguf: Path, threads: int, vocab_size: int) 
     # from the build's setting, not the switch's now: an earlier load in this process may have set it
     built = BUILT
     try:
-        timer = _PassTimer(model, threads, vocab_size)
+        timer = _PassTimer(model, threads, vocab_size, set_runs)
         try:
             runs, seen = choose_runs(timer.time_pass, built)
         finally:
@@ -188,7 +188,7 @@ def _names(runs: int) -> str:
 class _PassTimer:
     """Passes of a few rows after CONTEXT tokens, on a context of their own, each one's rows then dropped."""
 
-    def __init__(self, model: Any, threads: int, vocab_size: int) -> None:
+    def __init__(self, model: Any, threads: int, vocab_size: int, set_runs: Callable[[int], int]) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext
 
@@ -198,13 +198,12 @@ class _PassTimer:
         params.n_threads = params.n_threads_batch = threads
         self.ctx = LlamaContext(model=model, params=params, verbose=False)
         self.batch = LlamaBatch(n_tokens=width, embd=0, n_seq_max=1, verbose=False)
-        self.set_runs = switch()
+        self.set_runs = set_runs  # the switch the load found
         self.tokens = [(vocab_size // 3 + 7 * i) % vocab_size for i in range(width)]
         self.batch.set_batch(self.tokens[:CONTEXT], n_past=0, logits_all=False)
         self.ctx.decode(self.batch)
 
     def time_pass(self, width: int, runs: int) -> float:
-        assert self.set_runs is not None  # a timer is made only where the switch is
         self.set_runs(runs)
         self.batch.set_batch(self.tokens[CONTEXT : CONTEXT + width], n_past=CONTEXT, logits_all=True)
         began = time.perf_counter()
