@@ -316,7 +316,9 @@ class CostModel:
         ks, speedup = self.best_ks([(alpha, k_max)])
         return ks[0], speedup
 
-    def best_ks(self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]) -> tuple[list[int], float]:
+    def best_ks(
+        self, outlooks: Sequence[tuple[float | Sequence[float], int] | None], max_slowdown: float = 1.0
+    ) -> tuple[list[int], float]:
         """A k for each sequence of one pass, and the pass's predicted speedup over plain decoding.
 
         outlooks: per sequence, (its expected acceptance: a rate, or rates by draft position; the
@@ -330,25 +332,34 @@ class CostModel:
         tokens pay for its rows, at what the pass's other rows already cost. Exact: for every total
         D of drafted tokens the split that emits most is built greedily (each sequence's gain per
         extra token never grows), and the D with the best rate wins (ties to the longer drafts).
+
+        max_slowdown: the most the drafts may slow any one sequence of a batch, expected: a split is a choice
+        only if every sequence's expected tokens a second, E(alpha_i, k_i) over the pass's seconds, stay at
+        least (1 - max_slowdown) of the 1 / T_target(B) a pass drafting nothing gives each (_pace_floor). The
+        rows of one that copies lengthen the pass for one that cannot copy, which emits one token however
+        long the pass is. 1 (the default): no bound, the most tokens a second over the batch.
         """
         B = len(outlooks)
         if B == 0:
             return [], 1.0
         if B == 1:
             return self._best_k_alone(outlooks[0])
-        return self._best_ks_greedy(outlooks)
+        return self._best_ks_greedy(outlooks, max_slowdown)
 
-    def best_ks_ragged(self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]) -> tuple[list[int], float]:
+    def best_ks_ragged(
+        self, outlooks: Sequence[tuple[float | Sequence[float], int] | None], max_slowdown: float = 1.0
+    ) -> tuple[list[int], float]:
         """best_ks for a runtime that runs a batched pass as passes taking as many rows of each sequence
         (Capabilities.equal_rows_per_pass: llama.cpp's KV streams in exact mode): every sequence's first row
         goes in one pass of B rows, and a draft's k rows in a pass of their own, T(k) more. Each sequence's best
-        draft is the k with the most expected extra tokens per second of its own pass; drafts join, best first,
-        while they raise the round's tokens per second. Returns the ks and the round's predicted speedup over
-        the B plain rows alone."""
+        draft is the k with the most expected extra tokens per second of its own pass; drafts join best first, and
+        the round with the most tokens per second in which every sequence keeps its floor (max_slowdown, as in
+        best_ks) wins. Returns the ks and the round's predicted speedup over the B plain rows alone."""
         B = len(outlooks)
         if B == 0:
             return [], 1.0
         seconds = plain = self.target_cost(B)
+        floor = _pace_floor(plain, max_slowdown, B)
         tokens = float(B)
         offers = []  # (extra tokens per second, sequence, k, extra tokens, extra seconds): each sequence's best draft
         for i, outlook in enumerate(outlooks):
@@ -359,15 +370,19 @@ class CostModel:
             gains = [expected_tokens(alpha, k) - 1.0 for k in range(1, cap + 1)]
             best = max(range(cap), key=lambda j: (gains[j] / costs[j], j))  # ties to the longer draft
             offers.append((gains[best] / costs[best], i, best + 1, gains[best], costs[best]))
-        ks = [0] * B
+        # Drafts join best first; of the rounds that makes (no draft, the best one, the best two, ...) the one with
+        # the most tokens a second in which every sequence keeps its floor wins (ties to the fewer drafts). Under a
+        # floor a draft joins only beside others: the sequences that do not draft would fall below it.
+        ks, best_ks, fastest = [0] * B, [0] * B, tokens / seconds
+        each = [1.0] * B  # each sequence's expected tokens this round
         for _, i, k, gain, cost in sorted(offers, reverse=True):
-            if (tokens + gain) / (seconds + cost) <= tokens / seconds:
-                break
-            tokens, seconds, ks[i] = tokens + gain, seconds + cost, k
-        return ks, (tokens / seconds) / (B / plain)
+            tokens, seconds, ks[i], each[i] = tokens + gain, seconds + cost, k, 1.0 + gain
+            if tokens / seconds > fastest and min(each) >= floor * seconds:
+                fastest, best_ks = tokens / seconds, list(ks)
+        return best_ks, fastest / (B / plain)
 
     def _best_ks_greedy(
-        self, outlooks: Sequence[tuple[float | Sequence[float], int] | None]
+        self, outlooks: Sequence[tuple[float | Sequence[float], int] | None], max_slowdown: float = 1.0
     ) -> tuple[list[int], float]:
         """best_ks for any batch (see there)."""
         B = len(outlooks)
@@ -381,17 +396,21 @@ class CostModel:
         heapq.heapify(heap)
         ks, best_ks = [0] * B, [0] * B
         tokens, drafted = float(B), 0
+        each = [1.0] * B  # each sequence's expected tokens from the pass, for the floor (max_slowdown)
+        floor = _pace_floor(self.target_cost(B), max_slowdown, B)
         plain = best = tokens / self.target_cost(B)
         while heap:
             minus_gain, i, k = heapq.heappop(heap)
             tokens, drafted, ks[i] = tokens - minus_gain, drafted + 1, k + 1
+            each[i] -= minus_gain
             outlook = outlooks[i]
             assert outlook is not None  # only sequences with an outlook entered the heap
             alpha, cap = outlook
             if k + 1 < cap:  # the next token's gain: this one's, times the chance the next is accepted too
                 heapq.heappush(heap, (minus_gain * _rate(alpha, k + 1), i, k + 1))
-            rate = tokens / (self.target_cost(B + drafted) + drafted * self.draft_s_per_token)
-            if rate >= best:  # ties to the longer drafts
+            seconds = self.target_cost(B + drafted) + drafted * self.draft_s_per_token
+            rate = tokens / seconds
+            if rate >= best and min(each) >= floor * seconds:  # ties to the longer drafts
                 best, best_ks = rate, list(ks)
         return best_ks, best / plain
 
@@ -495,6 +514,15 @@ class CostModel:
 
 _TABLES = frozenset({"target_s", "calibrated"})  # CostModel's tables: assigning one forgets the costs derived
 _PRIOR_RATES = (PRIOR_ALPHA,) * POSITIONS
+
+
+def _pace_floor(plain_s: float, max_slowdown: float, sequences: int) -> float:
+    """The fewest tokens a second a batch's drafts may leave any one of its sequences (best_ks's max_slowdown):
+    (1 - max_slowdown) of one token per plain pass of plain_s seconds; none (0) for a batch of one, whose drafts
+    slow nobody else, or with max_slowdown 1 or more."""
+    if sequences < 2 or max_slowdown >= 1.0:
+        return 0.0
+    return (1.0 - max_slowdown) / plain_s
 
 
 def _batch_widths(last: int, max_rows: int) -> list[int]:

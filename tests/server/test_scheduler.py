@@ -215,9 +215,10 @@ def test_a_batch_of_one_lets_the_request_s_own_controller_choose_k(monkeypatch):
 def test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for(monkeypatch):
     """--k auto, batched: the scheduler asks every decoding request what it expects of its next draft
     (Generation.outlook) and chooses their ks together (CostModel.best_ks). On a compute-bound cost
-    curve a request whose drafts are accepted drafts beside one whose drafts fail, which decodes plainly."""
+    curve a request whose drafts are accepted drafts beside one whose drafts fail, which decodes plainly, where
+    the round's ks are chosen for throughput alone (--spec-max-slowdown 1)."""
     pipe = native_pipeline(k=None, draft="self")
-    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16, spec_max_slowdown=1.0)
     rows = {1: 0.05, 2: 0.09, 4: 0.12, 8: 0.34, 16: 0.39, 17: 0.55, 32: 0.8, 64: 1.6, 144: 3.6}  # llama.cpp-like
     pipe.engine.costs = CostModel(target_s=rows, frozen=True)
     copying = pipe.codec.encode("copy me: ")
@@ -234,6 +235,63 @@ def test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for(monkeypatch
     assert rounds >= 2
     assert all(k is not None and k > 0 for k in imposed[True][:rounds])  # while both run: it drafts
     assert imposed[False][:rounds] == [0] * rounds  # and the other does not
+
+
+def test_by_default_a_request_that_copies_does_not_slow_one_that_cannot(monkeypatch):
+    """The default --spec-max-slowdown: while a request whose drafts fail decodes beside it, one whose drafts
+    would all be accepted drafts nothing (its rows would lengthen the other's rounds by more than the bound),
+    though with no bound it drafts there (test_in_a_batch_each_request_gets_the_k_its_own_outlook_pays_for);
+    alone again, its own controller chooses. Two requests that both copy draft together. The texts stay plain
+    decoding's."""
+    pipe = native_pipeline(k=None, draft="self")
+    scheduler = Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16)
+    assert scheduler.spec_max_slowdown == ServerSettings().spec_max_slowdown < 1
+    rows = {1: 0.05, 2: 0.09, 4: 0.12, 8: 0.34, 16: 0.39, 17: 0.55, 32: 0.8, 64: 1.6, 144: 3.6}  # llama.cpp-like
+    pipe.engine.costs = CostModel(target_s=rows, frozen=True)
+    copying = [pipe.codec.encode(p) for p in ("copy me: ", "copy me too: ")]
+    monkeypatch.setattr(Generation, "outlook", lambda self: ([1.0], 8) if self.prompt_ids in copying else ([0.0], 8))
+    imposed: dict[str, list[int | None]] = {}
+    plan = Generation.plan
+    monkeypatch.setattr(
+        Generation,
+        "plan",
+        lambda self, k=None, why=None: (
+            imposed.setdefault(pipe.codec.decode(self.prompt_ids), []).append(k) or plan(self, k, why)
+        ),
+    )
+    requests = [Request("copy me: ", 40), Request("not me", 6)]
+    outcomes = run(pipe, requests, scheduler)
+    rounds = len(imposed["not me"])  # the short one's rounds: both decoding
+    assert rounds >= 2 and imposed["copy me: "][:rounds] == imposed["not me"] == [0] * rounds
+    assert len(imposed["copy me: "]) > rounds and imposed["copy me: "][rounds] is None  # alone: its own controller
+    for r, outcome in zip(requests, outcomes, strict=True):
+        alone = pipe.generate(pipe.codec.encode(r.prompt), SamplingParams(), r.stop_config, plain=True)
+        assert outcome.text == alone.text
+    imposed.clear()
+    run(
+        pipe,
+        [Request("copy me: ", 24), Request("copy me too: ", 24)],
+        Scheduler(pipe, ServerMetrics(), max_running=8, max_queue=16),
+    )
+    both = min(len(imposed["copy me: "]), len(imposed["copy me too: "]))
+    assert both >= 2 and all(k is not None and k > 0 for name in imposed for k in imposed[name][:both])
+
+
+def test_spec_max_slowdown_goes_from_the_command_line_to_the_scheduler_checked(monkeypatch):
+    settings = settings_from_args(build_parser().parse_args(["serve", "--spec-max-slowdown", "0.1"]))
+    assert settings.spec_max_slowdown == 0.1
+    made: list[Scheduler] = []
+    init = Scheduler.__init__
+    monkeypatch.setattr(Scheduler, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
+    with serving(create_app(fake_pipeline(), settings)):
+        pass
+    assert [s.spec_max_slowdown for s in made] == [0.1]
+    with pytest.raises(ConfigError, match="--spec-max-slowdown must be"):
+        ServerSettings(spec_max_slowdown=1.5)
+    with pytest.raises(ConfigError, match="spec_max_slowdown must be"):
+        Scheduler(
+            native_pipeline(k=None, draft="self"), ServerMetrics(), max_running=8, max_queue=16, spec_max_slowdown=-1
+        )
 
 
 def test_above_spec_disable_by_batch_size_no_request_drafts(monkeypatch):

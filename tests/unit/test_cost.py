@@ -377,6 +377,43 @@ def test_a_ragged_round_prices_each_draft_as_a_pass_of_its_own_rows():
     assert costs.best_k(*middling)[0] > 0 and costs.best_ks_ragged([middling, None, None, None])[0] == [0] * 4
 
 
+def test_a_batch_drafts_only_where_no_request_falls_below_its_floor():
+    """max_slowdown: a draft's rows lengthen the round for every request in it, and a request that cannot copy
+    emits one token however long the round is. Beside one that drafts nothing, a request that copies drafts only
+    where its rows slow the other by less than the bound; four that copy all draft, each gaining more than the
+    round's added seconds cost it. Both batch searches, on llama.cpp's measured costs (ms: 1 row 57, 4 rows 103,
+    16 rows 255), and every split they choose keeps each request's expected tokens a second at its floor."""
+    costs = CostModel(target_s={1: 0.057, 2: 0.092, 3: 0.114, 4: 0.103, 5: 0.136, 8: 0.175, 16: 0.255}, frozen=True)
+    copying, failing = ([1.0] * 4, 16), ([0.3] * 4, 16)
+    for search in (costs.best_ks_ragged, costs.best_ks):
+        unbounded, _ = search([copying, failing, failing, None])
+        assert unbounded[0] > 0  # throughput alone: the copying request drafts beside the others
+        assert search([copying, failing, failing, None], 0.02) == ([0, 0, 0, 0], 1.0)
+        assert search([copying, failing, failing, None], 1.0)[0] == unbounded  # 1: no bound
+        ks, speedup = search([copying] * 4, 0.02)
+        assert all(k > 0 for k in ks) and speedup > 1.5
+        assert search([copying], 0.0) == search([copying])  # alone, a request slows nobody else
+    # the floor holds for every split chosen, on random batches and bounds (ragged: its own pass per draft)
+    gen, drafted = random.Random(11), [0, 0]
+    for _ in range(200):
+        rates = [gen.random() if gen.random() < 0.2 else gen.uniform(0.9, 1.0) for _ in range(4)]
+        outlooks = [None if gen.random() < 0.05 else ([rate] * 4, gen.randint(4, 16)) for rate in rates]
+        bound = gen.choice([0.0, 0.02, 0.2, 0.5])
+        ks, _ = costs.best_ks_ragged(outlooks, bound)
+        seconds = costs.target_cost(4) + sum(costs.target_cost(k) for k in ks if k)
+        for o, k in zip(outlooks, ks, strict=True):
+            mine = 1.0 if not k else expected_tokens(o[0], k)
+            assert mine / seconds >= (1 - bound) / costs.target_cost(4) - 1e-9, (outlooks, ks, bound)
+        drafted[0] += any(ks)
+        ks, _ = costs.best_ks(outlooks, bound)
+        seconds = costs.target_cost(4 + sum(ks))
+        for o, k in zip(outlooks, ks, strict=True):
+            mine = 1.0 if not k else expected_tokens(o[0], k)
+            assert mine / seconds >= (1 - bound) / costs.target_cost(4) - 1e-9, (outlooks, ks, bound)
+        drafted[1] += any(ks)
+    assert min(drafted) >= 10  # the check was made on rounds that draft, in both searches
+
+
 def test_ties_go_to_the_longer_draft():
     flat = CostModel(target_s={1: 1.0, 9: 1.0}, frozen=True)  # every width costs one plain pass, drafts are free
     assert flat.best_k(0.0, k_max=8) == (8, 1.0)  # nothing is ever accepted: every k is worth plain decoding

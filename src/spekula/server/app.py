@@ -56,6 +56,7 @@ def create_app(pipeline: Pipeline | Callable[[], Pipeline], settings: ServerSett
             prefill_chunk=settings.prefill_chunk,
             prefill_share=settings.prefill_share,
             spec_disable_by_batch_size=settings.spec_disable_by_batch_size,
+            spec_max_slowdown=settings.spec_max_slowdown,
         )
         state.scheduler.start()
         log.info("serving %s (proposer %s) on the scheduler thread", state.model_name, state.pipeline.draft_name)

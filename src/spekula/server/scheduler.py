@@ -150,13 +150,17 @@ class Scheduler:
         prefill_chunk: int = ServerSettings.prefill_chunk,
         prefill_share: float = ServerSettings.prefill_share,
         spec_disable_by_batch_size: int | None = ServerSettings.spec_disable_by_batch_size,
+        spec_max_slowdown: float = ServerSettings.spec_max_slowdown,
     ) -> None:
         """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts).
         prefill_share: the most of the worker's time that chunks leaving a prompt unfinished take while
-        requests decode (Scheduler._prefill). spec_disable_by_batch_size: see Scheduler._choose_batch_ks."""
+        requests decode (Scheduler._prefill). spec_disable_by_batch_size, spec_max_slowdown: see
+        Scheduler._choose_batch_ks."""
         check_prefill(prefill_chunk, prefill_share)
         check_option("spec_disable_by_batch_size", spec_disable_by_batch_size)
+        check_option("spec_max_slowdown", spec_max_slowdown)
         self.spec_disable_by_batch_size = spec_disable_by_batch_size
+        self.spec_max_slowdown = spec_max_slowdown
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running
@@ -580,10 +584,11 @@ class Scheduler:
         not batch, or a fixed --k), and why, for the step records where the cost model did not choose them
         (None: it did). A request whose `spec` fixed its k keeps it: it is left out.
 
-        The cost model chooses the ks that emit the most tokens a second over the round, which is throughput:
-        a round's draft rows lengthen it for every request in it, and a request whose drafts fail (chat) emits
-        one token a round however long it is. With more requests decoding than spec_disable_by_batch_size
-        (those whose `spec` fixed k counted), the others draft nothing (k = 0 each): plain decoding's pace."""
+        The cost model chooses the ks that emit the most tokens a second over the round (throughput) among those
+        that slow no request by more than spec_max_slowdown, expected (CostModel.best_ks): a round's draft rows
+        lengthen it for every request in it, and a request whose drafts fail (chat) emits one token a round
+        however long it is. With more requests decoding than spec_disable_by_batch_size (those whose `spec`
+        fixed k counted), the others draft nothing (k = 0 each): plain decoding's pace."""
         ready = [job for job in self._running if job.generation.ready]
         decoding = [job for job in ready if not _fixed_k(job)]
         limit = self.spec_disable_by_batch_size
@@ -596,7 +601,8 @@ class Scheduler:
             return None, None
         outlooks = [self._outlook(job) for job in decoding]
         costs = self.pipeline.engine.costs
-        ks, speedup = costs.best_ks(outlooks) if self._batch_k else costs.best_ks_ragged(outlooks)
+        choose = costs.best_ks if self._batch_k else costs.best_ks_ragged
+        ks, speedup = choose(outlooks, self.spec_max_slowdown)
         for job in decoding:
             job.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
         return dict(zip(decoding, ks, strict=True)), None

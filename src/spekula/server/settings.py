@@ -88,6 +88,17 @@ class ServerSettings:
         kind=int,
         low=1,
     )
+    spec_max_slowdown: float = knob(
+        0.02,
+        "--spec-max-slowdown",
+        "the most a round's drafts may slow any request decoding beside them, expected: a draft joins a round "
+        "only if every request in it keeps at least (1 - this) of the tokens a second a round drafting nothing "
+        "gives it, so one request's copying no longer makes another that cannot copy wait for its rows (1 = no "
+        "bound: the round's ks chosen for the most tokens a second over all requests; default {default})",
+        low=0,
+        high=1,
+        noun="a fraction",
+    )
     log_prompts: bool = knob(False, "--log-prompts", "write prompts and outputs to the log (off by default)")
     sampling: SamplingParams = field(default_factory=SamplingParams)  # defaults for fields a request omits
 
