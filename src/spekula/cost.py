@@ -371,8 +371,10 @@ class CostModel:
             best = max(range(cap), key=lambda j: (gains[j] / costs[j], j))  # ties to the longer draft
             offers.append((gains[best] / costs[best], i, best + 1, gains[best], costs[best]))
         # Drafts join best first; of the rounds that makes (no draft, the best one, the best two, ...) the one with
-        # the most tokens a second in which every sequence keeps its floor wins (ties to the fewer drafts). Under a
-        # floor a draft joins only beside others: the sequences that do not draft would fall below it.
+        # the most tokens a second in which every sequence keeps its floor wins (ties to the fewer drafts). Without a
+        # floor that is where the rate stops rising: a draft that lowers it has fewer extra tokens a second than the
+        # round, the round after it still more than the next draft, so every later one lowers it too. Under a floor
+        # a draft joins only beside others: the sequences that do not draft would fall below it.
         ks, best_ks, fastest = [0] * B, [0] * B, tokens / seconds
         each = [1.0] * B  # each sequence's expected tokens this round
         for _, i, k, gain, cost in sorted(offers, reverse=True):

@@ -154,13 +154,11 @@ class Scheduler:
     ) -> None:
         """prefill_chunk: prompt tokens prefilled per round, shared by the requests prefilling (0: whole prompts).
         prefill_share: the most of the worker's time that chunks leaving a prompt unfinished take while
-        requests decode (Scheduler._prefill). spec_disable_by_batch_size, spec_max_slowdown: see
-        Scheduler._choose_batch_ks."""
+        requests decode (Scheduler._prefill). spec_*: see Scheduler._choose_batch_ks."""
         check_prefill(prefill_chunk, prefill_share)
         check_option("spec_disable_by_batch_size", spec_disable_by_batch_size)
         check_option("spec_max_slowdown", spec_max_slowdown)
-        self.spec_disable_by_batch_size = spec_disable_by_batch_size
-        self.spec_max_slowdown = spec_max_slowdown
+        self.spec_disable_by_batch_size, self.spec_max_slowdown = spec_disable_by_batch_size, spec_max_slowdown
         self.pipeline = pipeline
         self.metrics = metrics
         self.max_running = max_running
