@@ -277,23 +277,6 @@ def test_by_default_a_request_that_copies_does_not_slow_one_that_cannot(monkeypa
     assert both >= 2 and all(k is not None and k > 0 for name in imposed for k in imposed[name][:both])
 
 
-def test_spec_max_slowdown_goes_from_the_command_line_to_the_scheduler_checked(monkeypatch):
-    settings = settings_from_args(build_parser().parse_args(["serve", "--spec-max-slowdown", "0.1"]))
-    assert settings.spec_max_slowdown == 0.1
-    made: list[Scheduler] = []
-    init = Scheduler.__init__
-    monkeypatch.setattr(Scheduler, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
-    with serving(create_app(fake_pipeline(), settings)):
-        pass
-    assert [s.spec_max_slowdown for s in made] == [0.1]
-    with pytest.raises(ConfigError, match="--spec-max-slowdown must be"):
-        ServerSettings(spec_max_slowdown=1.5)
-    with pytest.raises(ConfigError, match="spec_max_slowdown must be"):
-        Scheduler(
-            native_pipeline(k=None, draft="self"), ServerMetrics(), max_running=8, max_queue=16, spec_max_slowdown=-1
-        )
-
-
 def test_above_spec_disable_by_batch_size_no_request_drafts(monkeypatch):
     """--spec-disable-by-batch-size 1: while two requests decode, neither drafts, not even the one whose drafts
     would be accepted (the round its rows would lengthen is the other request's too), and the scheduler says
@@ -325,25 +308,31 @@ def test_above_spec_disable_by_batch_size_no_request_drafts(monkeypatch):
         assert outcome.text == alone.text
 
 
-def test_spec_disable_by_batch_size_goes_from_the_command_line_to_the_scheduler_checked(monkeypatch):
-    args = build_parser().parse_args(["serve", "--spec-disable-by-batch-size", "2"])
-    settings = settings_from_args(args)
-    assert settings.spec_disable_by_batch_size == 2 and ServerSettings().spec_disable_by_batch_size is None
+@pytest.mark.parametrize(
+    ("option", "given", "value", "bad_setting", "bad_scheduler"),
+    [("spec_disable_by_batch_size", "2", 2, 0, 0), ("spec_max_slowdown", "0.1", 0.1, 1.5, -1)],
+)
+def test_spec_options_go_from_the_command_line_to_the_scheduler_checked(
+    monkeypatch, option, given, value, bad_setting, bad_scheduler
+):
+    flag = "--" + option.replace("_", "-")
+    settings = settings_from_args(build_parser().parse_args(["serve", flag, given]))
+    assert getattr(settings, option) == value != getattr(ServerSettings(), option)
     made: list[Scheduler] = []
     init = Scheduler.__init__
     monkeypatch.setattr(Scheduler, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
     with serving(create_app(fake_pipeline(), settings)):
         pass
-    assert [s.spec_disable_by_batch_size for s in made] == [2]
-    with pytest.raises(ConfigError, match="--spec-disable-by-batch-size must be"):
-        ServerSettings(spec_disable_by_batch_size=0)
-    with pytest.raises(ConfigError, match="spec_disable_by_batch_size must be"):
+    assert [getattr(s, option) for s in made] == [value]
+    with pytest.raises(ConfigError, match=f"{flag} must be"):
+        ServerSettings(**{option: bad_setting})
+    with pytest.raises(ConfigError, match=f"{option} must be"):
         Scheduler(
             native_pipeline(k=None, draft="self"),
             ServerMetrics(),
             max_running=8,
             max_queue=16,
-            spec_disable_by_batch_size=0,
+            **{option: bad_scheduler},
         )
 
 
