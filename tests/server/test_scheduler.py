@@ -251,18 +251,23 @@ def test_by_default_a_request_that_copies_does_not_slow_one_that_cannot(monkeypa
     copying = [pipe.codec.encode(p) for p in ("copy me: ", "copy me too: ")]
     monkeypatch.setattr(Generation, "outlook", lambda self: ([1.0], 8) if self.prompt_ids in copying else ([0.0], 8))
     imposed: dict[str, list[int | None]] = {}
+    reasons: list[str | None] = []
     plan = Generation.plan
     monkeypatch.setattr(
         Generation,
         "plan",
         lambda self, k=None, why=None: (
-            imposed.setdefault(pipe.codec.decode(self.prompt_ids), []).append(k) or plan(self, k, why)
+            imposed.setdefault(pipe.codec.decode(self.prompt_ids), []).append(k)
+            or reasons.append(why)
+            or plan(self, k, why)
         ),
     )
     requests = [Request("copy me: ", 40), Request("not me", 6)]
     outcomes = run(pipe, requests, scheduler)
     rounds = len(imposed["not me"])  # the short one's rounds: both decoding
     assert rounds >= 2 and imposed["copy me: "][:rounds] == imposed["not me"] == [0] * rounds
+    held = "a draft would slow another request by more than --spec-max-slowdown 0.02"  # the step records say why
+    assert reasons[: 2 * rounds] == [held] * (2 * rounds)
     assert len(imposed["copy me: "]) > rounds and imposed["copy me: "][rounds] is None  # alone: its own controller
     for r, outcome in zip(requests, outcomes, strict=True):
         alone = pipe.generate(pipe.codec.encode(r.prompt), SamplingParams(), r.stop_config, plain=True)

@@ -580,7 +580,8 @@ class Scheduler:
         """Each decoding request's k for the round, chosen together by the cost model for a batch of
         two or more (None: each request's own controller, as for a batch of one, a backend that does
         not batch, or a fixed --k), and why, for the step records where the cost model did not choose them
-        (None: it did). A request whose `spec` fixed its k keeps it: it is left out.
+        (None: it did; or it chose none where throughput alone would draft: the bound's). A request whose `spec`
+        fixed its k keeps it: it is left out.
 
         The cost model chooses the ks that emit the most tokens a second over the round (throughput) among those
         that slow no request by more than spec_max_slowdown, expected (CostModel.best_ks): a round's draft rows
@@ -603,7 +604,9 @@ class Scheduler:
         ks, speedup = choose(outlooks, self.spec_max_slowdown)
         for job in decoding:
             job.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
-        return dict(zip(decoding, ks, strict=True)), None
+        held = not any(ks) and self.spec_max_slowdown < 1 and any(choose(outlooks, 1.0)[0])  # by the bound alone
+        bound = f"a draft would slow another request by more than --spec-max-slowdown {self.spec_max_slowdown:g}"
+        return dict(zip(decoding, ks, strict=True)), bound if held else None
 
     @staticmethod
     def _outlook(job: Job) -> tuple[list[float], int] | None:
