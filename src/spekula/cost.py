@@ -399,8 +399,9 @@ class CostModel:
         ks, best_ks = [0] * B, [0] * B
         tokens, drafted = float(B), 0
         each = [1.0] * B  # each sequence's expected tokens from the pass, for the floor (max_slowdown)
-        floor = _pace_floor(self.target_cost(B), max_slowdown, B)
-        plain = best = tokens / self.target_cost(B)
+        plain_s = self.target_cost(B)
+        floor = _pace_floor(plain_s, max_slowdown, B)
+        plain = best = tokens / plain_s
         while heap:
             minus_gain, i, k = heapq.heappop(heap)
             tokens, drafted, ks[i] = tokens - minus_gain, drafted + 1, k + 1

@@ -158,18 +158,16 @@ def set_faster_q6_K_form(model: Any, gguf: Path, threads: int, vocab_size: int) 
         set_runs(recorded)
         log.info(f"repacked Q6_K: the 512-bit kernels for {_names(recorded)}, as recorded in {record.path}")
         return recorded
-    # from the build's setting, not the switch's now: an earlier load in this process may have set it
-    built = BUILT
-    try:
+    try:  # from the build's setting (BUILT), not the switch's now: an earlier load in this process may have set it
         timer = _PassTimer(model, threads, vocab_size, set_runs)
         try:
-            runs, seen = choose_runs(timer.time_pass, built)
+            runs, seen = choose_runs(timer.time_pass, BUILT)
         finally:
             timer.close()
     except Exception:  # a choice of speed only: a failed timing must not fail the load
         log.warning("could not time the Q6_K kernel forms; the build's 512-bit form runs", exc_info=True)
-        set_runs(built)
-        return built
+        set_runs(BUILT)
+        return BUILT
     set_runs(runs)
     log.info(
         f"repacked Q6_K: the 512-bit kernels for {_names(runs)} ("

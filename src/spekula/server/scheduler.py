@@ -604,9 +604,10 @@ class Scheduler:
         ks, speedup = choose(outlooks, self.spec_max_slowdown)
         for job in decoding:
             job.generation.controller.predicted_speedup = speedup  # what the stats and traces report for this step
-        held = not any(ks) and self.spec_max_slowdown < 1 and any(choose(outlooks, 1.0)[0])  # by the bound alone
-        bound = f"a draft would slow another request by more than --spec-max-slowdown {self.spec_max_slowdown:g}"
-        return dict(zip(decoding, ks, strict=True)), bound if held else None
+        reason = None
+        if not any(ks) and self.spec_max_slowdown < 1 and any(choose(outlooks, 1.0)[0]):  # held by the bound alone
+            reason = f"a draft would slow another request by more than --spec-max-slowdown {self.spec_max_slowdown:g}"
+        return dict(zip(decoding, ks, strict=True)), reason
 
     @staticmethod
     def _outlook(job: Job) -> tuple[list[float], int] | None:
