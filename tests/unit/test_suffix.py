@@ -40,6 +40,9 @@ from pipelinekit import VOCAB as BYTES
 
 GREEDY = SamplingParams()
 DEFAULTS = SuffixConfig()
+# The cache's own tests draft from memory after short matches: min_recall_match is tested on its own.
+ANY_RECALL = SuffixConfig(min_recall_match=1)
+ANY_RECALL_4 = SuffixConfig(spec_factor=4.0, min_recall_match=1)
 
 
 def propose(context, k=8, config=DEFAULTS, cache=None, namespace=""):
@@ -315,9 +318,9 @@ def test_the_cursor_gives_up_on_text_that_is_not_a_copy():
 def test_never_drafts_ids_outside_the_vocabulary():
     cache = SuffixCache(8, 1 << 20)
     cache.add("", [1, 2, 3, 500, 4])
-    p = SuffixProposer(SuffixConfig(spec_factor=4.0), cache, "", vocab_size=100)
+    p = SuffixProposer(ANY_RECALL_4, cache, "", vocab_size=100)
     assert p.propose([9, 1, 2], 8, GREEDY, None).tokens == [3]
-    assert SuffixProposer(SuffixConfig(spec_factor=4.0), cache, "").propose([9, 1, 2], 8, GREEDY, None).tokens == [
+    assert SuffixProposer(ANY_RECALL_4, cache, "").propose([9, 1, 2], 8, GREEDY, None).tokens == [
         3,
         500,
         4,
@@ -351,13 +354,13 @@ def finish(factory, prompt, output, namespace=""):
 
 
 def test_a_finished_requests_output_drafts_later_requests():
-    factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    factory = SuffixFactory(ANY_RECALL_4)
     answer = [50, 51, 52, 53, 54, 55]
     finish(factory, [1, 2], answer)
     assert factory.cache.entries == 1 and factory.cache.tokens == len(answer)  # the output only
     assert factory.create().propose([3, 50, 51], 8, GREEDY, None).tokens == [52, 53, 54, 55]
     assert factory.create().propose([3, 1, 2], 8, GREEDY, None).tokens == []  # prompts are not cached by default
-    with_prompts = SuffixFactory(SuffixConfig(cache_prompts=True))
+    with_prompts = SuffixFactory(SuffixConfig(cache_prompts=True, min_recall_match=1))
     finish(with_prompts, [1, 2], answer)
     assert with_prompts.create().propose([3, 1, 2], 8, GREEDY, None).tokens == [50, 51]
 
@@ -381,8 +384,34 @@ def test_a_match_only_in_earlier_requests_is_its_own_class_and_sets_no_cursor():
     assert p.draft_class(context).source == RECALLED and q.draft_class(own).source != RECALLED
 
 
-def test_namespaces_never_see_each_others_text():
+def test_a_short_match_only_in_earlier_requests_drafts_nothing():
+    """On a warm server a phrase of 1-3 tokens that earlier answers share is mostly followed by something else
+    in a new answer: a match that only memory holds drafts from min_recall_match (4) tokens on. The request's
+    own text drafts after any match, and a memory match of 4 tokens or more drafts as before."""
     factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    earlier = list(range(200, 230))
+    finish(factory, [1, 2], earlier)
+    for matched in (1, 2, 3):
+        p = factory.create()
+        context = [3, 4, *earlier[:matched]]
+        assert p.match(context) is None and p.draft_class(context) == NO_DRAFT
+        assert p.propose(context, 8, GREEDY, None).tokens == []
+    p = factory.create()
+    assert p.propose([3, 4, *earlier[:4]], 8, GREEDY, None).tokens == earlier[4:12]
+    assert p.draft_class([3, 4, *earlier[:4]]) == match_class(4, RECALLED)
+    # the same 2-token phrase in this request's own prompt drafts
+    own = [*earlier[:5], 9, *earlier[:2]]
+    q = factory.create()
+    assert q.propose(own, 8, GREEDY, None).tokens[:3] == earlier[2:5] and not q.match(own).recalled
+    # the bound is the config's: 1 drafts memory after any match
+    assert SuffixFactory(ANY_RECALL_4).create().propose([3, 4, earlier[0]], 8, GREEDY, None).tokens == []  # no memory
+    anyr = SuffixFactory(ANY_RECALL_4)
+    finish(anyr, [1, 2], earlier)
+    assert anyr.create().propose([3, 4, earlier[0]], 8, GREEDY, None).tokens == earlier[1:5]
+
+
+def test_namespaces_never_see_each_others_text():
+    factory = SuffixFactory(ANY_RECALL_4)
     secret = [70, 71, 72, 73, 74]
     finish(factory, [1, 2], secret, namespace="alice")
     finish(factory, [1, 2], [80, 81, 82], namespace="bob")
@@ -402,12 +431,12 @@ def test_namespaces_never_see_each_others_text():
 def test_lru_eviction_by_entries():
     cache = SuffixCache(max_entries=3, max_bytes=1 << 30)
     ids = [cache.add("", [100 * i + j for j in range(5)]) for i in range(3)]
-    SuffixProposer(SuffixConfig(), cache).propose([9, 0, 1], 4, GREEDY, None)  # entry 0 serves a draft
+    SuffixProposer(ANY_RECALL, cache).propose([9, 0, 1], 4, GREEDY, None)  # entry 0 serves a draft
     cache.add("", [400, 401, 402])  # evicts the least recently used: entry 1, not entry 0
     assert cache.entries == 3
-    assert propose([9, 0, 1], cache=cache) == [2, 3]
-    assert propose([9, 100, 101], cache=cache) == []
-    assert propose([9, 200, 201], cache=cache) == [202, 203]
+    assert propose([9, 0, 1], config=ANY_RECALL, cache=cache) == [2, 3]
+    assert propose([9, 100, 101], config=ANY_RECALL, cache=cache) == []
+    assert propose([9, 200, 201], config=ANY_RECALL, cache=cache) == [202, 203]
     assert ids == [0, 1, 2]
 
 
@@ -419,11 +448,11 @@ def test_lru_eviction_by_bytes():
         cache.add("", list(range(1000 * i, 1000 * i + 30)))
         assert cache.nbytes <= max_bytes
     assert (cache.entries, cache.tokens, cache.nbytes) == (3, 90, 3 * entry)
-    assert propose([1, 49000, 49001], cache=cache) == [49002, 49003]
-    assert propose([1, 46000, 46001], cache=cache) == []
+    assert propose([1, 49000, 49001], config=ANY_RECALL, cache=cache) == [49002, 49003]
+    assert propose([1, 46000, 46001], config=ANY_RECALL, cache=cache) == []
     cache.add("", list(range(500)))  # longer than the whole cache holds: its last tokens that fit
     assert cache.entries == 1 and cache.tokens == (max_bytes - BYTES_PER_ENTRY) // BYTES_PER_TOKEN
-    assert cache.nbytes <= max_bytes and propose([1, 498], cache=cache) == [499]
+    assert cache.nbytes <= max_bytes and propose([1, 498], config=ANY_RECALL, cache=cache) == [499]
     assert SuffixCache(max_entries=0, max_bytes=1 << 20).add("", [1, 2, 3]) is None
     assert SuffixCache(max_entries=8, max_bytes=BYTES_PER_ENTRY).add("", [1, 2, 3]) is None
 
@@ -564,7 +593,7 @@ def test_namespaces_are_kept_apart_through_the_pipeline():
 
 
 def test_forget_drops_one_namespace_only():
-    factory = SuffixFactory(SuffixConfig(spec_factor=4.0))
+    factory = SuffixFactory(ANY_RECALL_4)
     finish(factory, [1, 2], [70, 71, 72, 73], namespace="repeat-0")
     finish(factory, [1, 2], [80, 81, 82, 83], namespace="repeat-1")
     factory.forget("repeat-0")

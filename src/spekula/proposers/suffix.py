@@ -49,7 +49,10 @@ this request's own text holds the match, "resync" for the copy cursor's drafts, 
 earlier requests' outputs hold it. A recalled draft is often another request's boilerplate followed by that
 request's own data (a JSON template's keys, then its values), so its first token is accepted less often
 than that of a draft from this request's own text after a match of the same length (`--by-class` measures
-both), and the controller learns the kinds apart.
+both), and the controller learns the kinds apart. A recalled match shorter than min_recall_match (4) tokens
+drafts nothing: on a warm server a phrase of 1-3 tokens that earlier answers share is mostly followed by
+something else in a new answer, and each such draft costs a wider pass; a template's repeated keys match
+longer (docs/decisions/0023-short-recalls.md has the replays that chose 4).
 
 Why not arctic-inference's own tree: its source distribution builds with torch >= 2.10, protobuf and
 grpcio-tools in its build requirements and imports torch in setup.py, so installing it pulls torch
@@ -102,6 +105,8 @@ class SuffixConfig:
     cache_entries: int = USER.cache_entries  # earlier requests kept for drafting (0: no cross-request cache)
     cache_bytes: int = USER.cache_bytes  # ... and their memory (bounded by BYTES_PER_TOKEN, BYTES_PER_ENTRY)
     cache_prompts: bool = False  # cache prompts too, not only outputs (the current prompt is always used)
+    # a match that only earlier requests' outputs hold drafts when it is at least this long (see "Draft classes")
+    min_recall_match: int = 4
 
     def __post_init__(self) -> None:
         # the knobs a user sets are checked as SuffixOptions declares them, with the same words; the cache's
@@ -116,7 +121,7 @@ class SuffixConfig:
             raise ConfigError(
                 f"suffix cache_bytes must be an integer >= 0 (0: no cross-request cache), got {self.cache_bytes!r}"
             )
-        for name in ("max_candidates", "max_draft"):
+        for name in ("max_candidates", "max_draft", "min_recall_match"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ConfigError(f"suffix {name} must be an integer >= 1, got {value!r}")
@@ -397,6 +402,8 @@ class SuffixProposer(Proposer):
         if self._last is not None and self._last[0] == len(context):
             return self._last[1]
         found = self._lookup()
+        if found is not None and found.recalled and found.length < self.config.min_recall_match:
+            found = None  # a short phrase other requests' answers share: mostly rejected (see "Draft classes")
         strong = found is not None and found.length >= RESYNC_BELOW
         cursor = self.cursor
         expected = cursor.draft(1, self.vocab_size) if cursor.in_step else []  # the token the cursor expects next
@@ -437,6 +444,8 @@ class SuffixProposer(Proposer):
             self.cursor.follow(context[done:])
 
     def _lookup(self) -> SuffixMatch | None:
+        import os
+        MINR = int(os.environ.get('MINRECALL', '0'))
         context = self._tokens
         n_context = len(context)
         config = self.config
@@ -451,6 +460,8 @@ class SuffixProposer(Proposer):
             best, starts = 0, []
             for entry, seq, end in found:
                 length = common_suffix(seq, end, context, min(config.max_depth, end, n_context))
+                if entry != LOCAL and length < MINR:
+                    continue
                 if length > best:
                     best, starts = length, [(entry, seq, end)]
                 elif length == best and length:
