@@ -12,13 +12,17 @@ cursor after an edit "resync"), so a loss on a warm server can be traced to the 
 a draft of each source is accepted when the proposer drafts at every position (matches of one token left out): how
 much requests differ from each other in what memory's drafts get, against what their own text's drafts get
 (spekula.control.AdaptiveK.acceptance). --by-category holds every category out in turn and prints, per category,
-the median and lowest speedup warm and cold (docs/decisions/0010-rates-per-request.md). An experiment, not a
+the median and lowest speedup warm and cold (docs/decisions/0010-rates-per-request.md). --warm-on EARLIER replays
+RESULTS's requests on a server that first served EARLIER's (prompts of another suite: held-out ones after the
+built-in suite, docs/decisions/0023-short-recalls.md). An experiment, not a
 maintained tool (scripts/experiments/README.md).
 
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,2:S2,... \\
         --new open-chat,creative-writing,json-extraction-05
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --spread
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,... --by-category --max-tokens 96
+    .venv/bin/python scripts/experiments/warm_replay.py HELD-OUT.json.gz --costs 1:S1,... --warm-on RESULTS.json.gz \\
+        --max-tokens 96
 
 Found on docs/benchmarks/llamacpp-confirm at the AVX-512 pass costs (docs/benchmarks/llamacpp/pass_costs.txt):
 memory's first-token acceptance spreads across requests from never to most of the time, by kind of request (a
@@ -113,6 +117,37 @@ def by_category(requests: list[Request], table: dict[int, float], vocab, cap: in
     print(f"geometric mean | {geo_w:.4f}x | | {geo_c:.4f}x |")
 
 
+def held_out(requests: list[Request], earlier: list[Request], table: dict[int, float], vocab, cap: int | None) -> None:
+    """Prompts no earlier request resembles, on a warm server: one engine serves every request of another run
+    (`earlier`, e.g. the built-in suite's) in that run's order, then each of these; each of these also on a fresh
+    engine. Per request the decode speedup warm and cold, then the median, lowest and geometric mean."""
+    if cap is not None:
+        requests, earlier = [truncated(r, cap) for r in requests], [truncated(r, cap) for r in earlier]
+
+    def engine():
+        return replay_engine(
+            "suffix", SpecConfig(k=None), CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab)
+        )
+
+    server = engine()
+    for request in earlier:
+        run(server, request)
+    warm: dict[str, float] = {}
+    cold: dict[str, float] = {}
+    print("prompt | warm | cold | warm: drafted/accepted by source")
+    for request in requests:
+        warm[request.prompt_id], by_source = run(server, request)
+        cold[request.prompt_id] = run(engine(), request)[0]
+        drafts = ", ".join(f"{source} {d}/{a}" for source, (d, a) in sorted(by_source.items()))
+        print(f"{request.prompt_id} | {warm[request.prompt_id]:.3f}x | {cold[request.prompt_id]:.3f}x | {drafts}")
+    for label, speedups in (("warm", warm), ("cold", cold)):
+        values = list(speedups.values())
+        print(
+            f"{label}: median {statistics.median(values):.3f}x, lowest {min(values):.3f}x,"
+            f" geometric mean {statistics.geometric_mean(values):.4f}x"
+        )
+
+
 def spread(requests: list[Request], vocab) -> None:
     factory = replay_engine("suffix", SpecConfig(k=None), CostModel(), ReplayBackend(*vocab)).proposer
     rates: dict[str, list[float]] = {}
@@ -150,7 +185,14 @@ def main() -> int:
         action="store_true",
         help="instead: every category held out in turn, median and lowest speedup warm and cold",
     )
-    ap.add_argument("--max-tokens", type=int, help="with --by-category: replay only each output's first N tokens")
+    ap.add_argument(
+        "--warm-on",
+        metavar="EARLIER",
+        help="instead: a server warmed on EARLIER (another results file) serves every request of RESULTS",
+    )
+    ap.add_argument(
+        "--max-tokens", type=int, help="with --by-category or --warm-on: replay only each output's first N tokens"
+    )
     args = ap.parse_args()
     requests, vocab = load_requests(args.results)
     if args.spread:
@@ -161,6 +203,9 @@ def main() -> int:
     table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
     if args.by_category:
         by_category(requests, table, vocab, args.max_tokens)
+        return 0
+    if args.warm_on:
+        held_out(requests, load_requests(args.warm_on)[0], table, vocab, args.max_tokens)
         return 0
     warm_and_cold(requests, [n.strip() for n in args.new.split(",") if n.strip()], table, vocab)
     return 0
