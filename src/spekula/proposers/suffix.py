@@ -444,8 +444,6 @@ class SuffixProposer(Proposer):
             self.cursor.follow(context[done:])
 
     def _lookup(self) -> SuffixMatch | None:
-        import os
-        MINR = int(os.environ.get('MINRECALL', '0'))
         context = self._tokens
         n_context = len(context)
         config = self.config
@@ -460,8 +458,6 @@ class SuffixProposer(Proposer):
             best, starts = 0, []
             for entry, seq, end in found:
                 length = common_suffix(seq, end, context, min(config.max_depth, end, n_context))
-                if entry != LOCAL and length < MINR:
-                    continue
                 if length > best:
                     best, starts = length, [(entry, seq, end)]
                 elif length == best and length:
