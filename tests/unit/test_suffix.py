@@ -337,6 +337,7 @@ def test_config_is_validated():
         ({"spec_offset": -1}, "spec_offset must be >= 0"),
         ({"min_token_prob": 1.5}, "--suffix-min-token-prob must be a probability >= 0 and <= 1"),
         ({"max_draft": 0}, "max_draft must be an integer >= 1"),
+        ({"min_recall_match": 0}, "min_recall_match must be an integer >= 1"),
     ]:
         with pytest.raises(ConfigError, match=words):
             SuffixConfig(**kwargs)
