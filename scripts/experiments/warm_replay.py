@@ -65,23 +65,33 @@ def run(engine, request: Request) -> tuple[float, dict[str, list[int]]]:
     return request.emitted * costs.target_cost(1) / seconds, by_source
 
 
-def warm_and_cold(requests: list[Request], new: list[str], table: dict[int, float], vocab) -> None:
-    spec = SpecConfig(k=None)
+def fresh_engine(table: dict[int, float], vocab):
+    """An engine that has served nothing: suffix drafting, k auto, at these pass costs (frozen)."""
+    return replay_engine(
+        "suffix", SpecConfig(k=None), CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab)
+    )
 
-    def engine():
-        return replay_engine("suffix", spec, CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab))
 
-    held = [r for r in requests if any(r.prompt_id.startswith(n) for n in new)]
-    warm = engine()
-    for request in requests:
-        if request not in held:
-            run(warm, request)
+def after(earlier: list[Request], held: list[Request], table: dict[int, float], vocab) -> tuple[dict, dict]:
+    """One engine serves `earlier` in order, then each of `held` (warm); each of `held` also on a fresh engine
+    (cold). Prints a line per held request and returns the speedups {prompt id: x}, warm and cold."""
+    server = fresh_engine(table, vocab)
+    for request in earlier:
+        run(server, request)
+    warm: dict[str, float] = {}
+    cold: dict[str, float] = {}
     print("prompt | warm | cold | warm: drafted/accepted by source")
     for request in held:
-        speedup, by_source = run(warm, request)
-        cold, _ = run(engine(), request)
+        warm[request.prompt_id], by_source = run(server, request)
+        cold[request.prompt_id] = run(fresh_engine(table, vocab), request)[0]
         drafts = ", ".join(f"{source} {d}/{a}" for source, (d, a) in sorted(by_source.items()))
-        print(f"{request.prompt_id} | {speedup:.3f}x | {cold:.3f}x | {drafts}")
+        print(f"{request.prompt_id} | {warm[request.prompt_id]:.3f}x | {cold[request.prompt_id]:.3f}x | {drafts}")
+    return warm, cold
+
+
+def warm_and_cold(requests: list[Request], new: list[str], table: dict[int, float], vocab) -> None:
+    held = [r for r in requests if any(r.prompt_id.startswith(n) for n in new)]
+    after([r for r in requests if r not in held], held, table, vocab)
 
 
 def by_category(requests: list[Request], table: dict[int, float], vocab, cap: int | None) -> None:
@@ -91,23 +101,17 @@ def by_category(requests: list[Request], table: dict[int, float], vocab, cap: in
     if cap is not None:  # the first `cap` tokens of every output, as a run with max_tokens = cap would have emitted
         requests = [truncated(r, cap) for r in requests]
     categories = sorted({r.category for r in requests})
-
-    def engine():
-        return replay_engine(
-            "suffix", SpecConfig(k=None), CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab)
-        )
-
     warm: dict[str, float] = {}
     cold: dict[str, float] = {}
     for category in categories:
-        server = engine()
+        server = fresh_engine(table, vocab)
         for request in requests:
             if request.category != category:
                 run(server, request)
         for request in requests:
             if request.category == category:
                 warm[request.prompt_id] = run(server, request)[0]
-                cold[request.prompt_id] = run(engine(), request)[0]
+                cold[request.prompt_id] = run(fresh_engine(table, vocab), request)[0]
     print("category | warm median | warm lowest | cold median | cold lowest")
     for category in [*categories, "all"]:
         ids = [r.prompt_id for r in requests if category in ("all", r.category)]
@@ -118,28 +122,11 @@ def by_category(requests: list[Request], table: dict[int, float], vocab, cap: in
 
 
 def held_out(requests: list[Request], earlier: list[Request], table: dict[int, float], vocab, cap: int | None) -> None:
-    """Prompts no earlier request resembles, on a warm server: one engine serves every request of another run
-    (`earlier`, e.g. the built-in suite's) in that run's order, then each of these; each of these also on a fresh
-    engine. Per request the decode speedup warm and cold, then the median, lowest and geometric mean."""
+    """Prompts no earlier request resembles, on a warm server: `after` the requests of another run (`earlier`, e.g.
+    the built-in suite's, in that run's order); then the median, lowest and geometric mean, warm and cold."""
     if cap is not None:
         requests, earlier = [truncated(r, cap) for r in requests], [truncated(r, cap) for r in earlier]
-
-    def engine():
-        return replay_engine(
-            "suffix", SpecConfig(k=None), CostModel(target_s=dict(table), frozen=True), ReplayBackend(*vocab)
-        )
-
-    server = engine()
-    for request in earlier:
-        run(server, request)
-    warm: dict[str, float] = {}
-    cold: dict[str, float] = {}
-    print("prompt | warm | cold | warm: drafted/accepted by source")
-    for request in requests:
-        warm[request.prompt_id], by_source = run(server, request)
-        cold[request.prompt_id] = run(engine(), request)[0]
-        drafts = ", ".join(f"{source} {d}/{a}" for source, (d, a) in sorted(by_source.items()))
-        print(f"{request.prompt_id} | {warm[request.prompt_id]:.3f}x | {cold[request.prompt_id]:.3f}x | {drafts}")
+    warm, cold = after(earlier, requests, table, vocab)
     for label, speedups in (("warm", warm), ("cold", cold)):
         values = list(speedups.values())
         print(
