@@ -112,7 +112,7 @@ def test_incremental_update_equals_rebuild():
         fresh = SuffixProposer(SuffixConfig(cache_entries=0))
         fresh.observe(context[:end], None)
         got, want = p._lookup(), fresh._lookup()
-        assert (got.length, got.tokens) == (want.length, want.tokens)
+        assert (got and (got.length, got.tokens)) == (want and (want.length, want.tokens))
     rebuilt = SuffixIndex()
     rebuilt.extend(0, context)
     assert p._local.tables == rebuilt.tables and p._local.seqs == rebuilt.seqs
@@ -134,16 +134,32 @@ def test_longest_match_wins():
 def test_draft_follows_the_most_frequent_continuation():
     # after (8, 1): 4 twice, 6 once (the most recent); n-gram lookup would take the most recent
     context = [8, 1, 4, 0, 8, 1, 4, 2, 8, 1, 6, 3, 8, 1]
-    assert propose(context, config=SuffixConfig(spec_factor=1.0)) == [4, 2]  # then 2 and 0 tie: the most recent
+    split = SuffixConfig(spec_factor=1.0, unanimous_first=False)  # SuffixDecoding's rule from the first token on
+    assert propose(context, config=split) == [4, 2]  # then 2 and 0 tie: the most recent
     # a tie goes to the most recent occurrence
-    assert propose([5, 1, 2, 5, 1, 3, 5, 1], config=SuffixConfig(spec_factor=1.0)) == [3, 5]
+    assert propose([5, 1, 2, 5, 1, 3, 5, 1], config=split) == [3, 5]
+
+
+def test_a_split_match_drafts_nothing_by_default():
+    """Occurrences of the match that disagree on the next token: no draft, and the class says so beforehand (the
+    controller is not asked to bet on it); one more occurrence that agrees is not enough, all must."""
+    context = [8, 1, 4, 0, 8, 1, 6, 3, 8, 1]  # (8, 1) then 4 once, 6 once
+    assert propose(context) == []
+    assert SuffixProposer().draft_class(context) == NO_DRAFT
+    assert propose([8, 1, 4, 0, 8, 1, 4, 2, 8, 1, 6, 3, 8, 1]) == []  # 4 twice, 6 once: still split
+    # 4 twice: unanimous; after it 0 and 2 tie, and the draft goes on as SuffixDecoding's does (the most recent)
+    assert propose([8, 1, 4, 0, 8, 1, 4, 2, 8, 1]) == [4, 2]
+    assert propose(context, config=SuffixConfig(unanimous_first=False)) == [6, 3]  # SuffixDecoding's rule: a guess
+    with pytest.raises(ConfigError, match="unanimous_first must be true or false"):
+        SuffixConfig(unanimous_first="yes")  # type: ignore[arg-type]
 
 
 def test_draft_stops_when_the_continuation_is_improbable():
     context = [1, 9, 1, 8, 1, 7, 1, 6, 1]  # four continuations of (1), each 1/4
-    assert propose(context, config=SuffixConfig(min_token_prob=0.3)) == []
-    assert SuffixProposer(SuffixConfig(min_token_prob=0.3)).draft_class(context) == NO_DRAFT
-    assert propose(context, config=SuffixConfig(min_token_prob=0.25)) == [6]
+    split = {"unanimous_first": False}
+    assert propose(context, config=SuffixConfig(min_token_prob=0.3, **split)) == []
+    assert SuffixProposer(SuffixConfig(min_token_prob=0.3, **split)).draft_class(context) == NO_DRAFT
+    assert propose(context, config=SuffixConfig(min_token_prob=0.25, **split)) == [6]
 
 
 def test_draft_length_depends_on_the_match_length():

@@ -233,6 +233,10 @@ def _suffix(engine: str, model: str, k: Any, k_max: int, notes: list[str]) -> Em
         f"the cross-request cache is bounded by requests ({s.cache_entries}) in {engine}, not also by bytes as in "
         f"spekula, and is shared by all clients (spekula keeps one per API key)"
     )
+    notes.append(
+        f"spekula starts a draft only where every occurrence of the match agrees on its first token; {engine}'s "
+        f"min_token_prob ({s.min_token_prob}) is its only bar, from the first token on, so it drafts split matches too"
+    )
     if engine == VLLM:
         # vllm/config/speculative.py, "Suffix decoding configuration"; suffix.md: num_speculative_tokens is the
         # maximum for suffix decoding

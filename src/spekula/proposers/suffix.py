@@ -54,6 +54,15 @@ drafts nothing: on a warm server a phrase of 1-3 tokens that earlier answers sha
 something else in a new answer, and each such draft costs a wider pass; a template's repeated keys match
 longer (docs/decisions/0023-short-recalls.md has the replays that chose 4).
 
+Split matches. SuffixDecoding drafts the most frequent continuation of a match's occurrences while its
+empirical probability, multiplied along the draft, stays at or above min_token_prob (0.1). Where the
+occurrences disagree on the very next token, the lookup is a guess between texts, and such a draft's first
+token is accepted far less often than one all occurrences agree on (on the built-in suite's greedy outputs,
+8 of 56 after a match of 2-7 tokens of the request's own text, against over half), while it costs a wider
+pass like any other. So by default (unanimous_first) a draft starts only where every occurrence examined
+agrees on its first token; later tokens follow the most frequent continuation as before
+(docs/decisions/0024-split-matches.md has the replays that chose it).
+
 Why not arctic-inference's own tree: its source distribution builds with torch >= 2.10, protobuf and
 grpcio-tools in its build requirements and imports torch in setup.py, so installing it pulls torch
 (and on Linux its CUDA wheels) into the build; the suffix tree itself is C++ (nanobind + cmake).
@@ -107,6 +116,8 @@ class SuffixConfig:
     cache_prompts: bool = False  # cache prompts too, not only outputs (the current prompt is always used)
     # a match that only earlier requests' outputs hold drafts when it is at least this long (see "Draft classes")
     min_recall_match: int = 4
+    # a draft starts only where every occurrence of the match continues with the same token (see "Split matches")
+    unanimous_first: bool = True
 
     def __post_init__(self) -> None:
         # the knobs a user sets are checked as SuffixOptions declares them, with the same words; the cache's
@@ -125,6 +136,8 @@ class SuffixConfig:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ConfigError(f"suffix {name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.unanimous_first, bool):
+            raise ConfigError(f"suffix unanimous_first must be true or false, got {self.unanimous_first!r}")
         if not is_number(self.spec_offset) or not self.spec_offset >= 0:
             raise ConfigError(f"suffix spec_offset must be >= 0, got {self.spec_offset!r}")
 
@@ -467,8 +480,8 @@ class SuffixProposer(Proposer):
         return None
 
     def _walk(self, length: int, starts: list[tuple[int, list[int], int]]) -> SuffixMatch | None:
-        """Follow the most frequent continuation of the matched occurrences. Ties go to the most recent
-        occurrence (this request's own context first). An occurrence in this request's context that
+        """Follow the most frequent continuation of the matched occurrences, from a first token they all agree on
+        (unanimous_first). Ties go to the most recent occurrence (this request's own context first). An occurrence in this request's context that
         runs into its end continues with the draft itself: the context as it will be if the draft is
         accepted (a repeating text keeps repeating)."""
         config = self.config
@@ -487,6 +500,8 @@ class SuffixProposer(Proposer):
                 nexts.append(token)
                 counts[token] = counts.get(token, 0) + 1
             token = max(counts, key=counts.__getitem__)
+            if not draft and config.unanimous_first and counts[token] < len(live):
+                break  # the match's occurrences disagree on what comes next: mostly rejected (see "Split matches")
             prob *= counts[token] / len(live)
             if prob < config.min_token_prob or (self.vocab_size is not None and not 0 <= token < self.vocab_size):
                 break
