@@ -14,12 +14,15 @@ much requests differ from each other in what memory's drafts get, against what t
 (spekula.control.AdaptiveK.acceptance). --by-category holds every category out in turn and prints, per category,
 the median and lowest speedup warm and cold (docs/decisions/0010-rates-per-request.md). --warm-on EARLIER replays
 RESULTS's requests on a server that first served EARLIER's (prompts of another suite: held-out ones after the
-built-in suite, docs/decisions/0023-short-recalls.md). An experiment, not a
+built-in suite, docs/decisions/0023-short-recalls.md). --split prints first-token acceptance of the request's own
+text's suffix drafts where the match's occurrences agree on the token and where they do not
+(docs/decisions/0024-split-matches.md). An experiment, not a
 maintained tool (scripts/experiments/README.md).
 
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,2:S2,... \\
         --new open-chat,creative-writing,json-extraction-05
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --spread
+    .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --split --max-tokens 96
     .venv/bin/python scripts/experiments/warm_replay.py RESULTS.json.gz --costs 1:S1,... --by-category --max-tokens 96
     .venv/bin/python scripts/experiments/warm_replay.py HELD-OUT.json.gz --costs 1:S1,... --warm-on RESULTS.json.gz \\
         --max-tokens 96
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from spekula.config import SamplingParams, SpecConfig, StopConfig  # noqa: E402
 from spekula.cost import CostModel  # noqa: E402
 from spekula.draft_class import NO_DRAFT, draft_source  # noqa: E402
+from spekula.proposers.suffix import SuffixConfig, SuffixProposer  # noqa: E402
 from spekula.trace import ListTrace  # noqa: E402
 
 from ngram_replay import NAMESPACE, ReplayBackend, Request, load_requests, replay_engine, truncated  # noqa: E402
@@ -161,12 +165,48 @@ def spread(requests: list[Request], vocab) -> None:
         print(f"{source} | {len(values)} | {cells}")
 
 
+def split(requests: list[Request]) -> None:
+    """Per category and match length: how often the first token of a suffix draft from the request's own text
+    (cold: no memory, no copy cursor) is accepted where every occurrence of the match agrees on it, and where
+    they disagree, which only SuffixDecoding's rule drafts (SuffixConfig.unanimous_first off):
+    docs/decisions/0024-split-matches.md."""
+    counts: dict[tuple[str, str, str], list[int]] = {}
+    for request in requests:
+        guess = SuffixProposer(SuffixConfig(cache_entries=0, unanimous_first=False))
+        agreed = SuffixProposer(SuffixConfig(cache_entries=0))
+        for pos in range(len(request.output)):
+            context = request.prompt + request.output[:pos]
+            guess._sync(context)
+            agreed._sync(context)
+            match = guess._lookup()
+            if match is None:
+                continue
+            lengths = "1" if match.length == 1 else "2-7" if match.length < 8 else "8+"
+            kind = "agree" if agreed._lookup() is not None else "split"
+            seen = counts.setdefault((request.category, lengths, kind), [0, 0])
+            seen[0] += match.tokens[0] == request.output[pos]
+            seen[1] += 1
+    print("category | match length | occurrences | first token accepted")
+    totals: dict[tuple[str, str], list[int]] = {}
+    for (category, lengths, kind), (accepted, drafts) in sorted(counts.items()):
+        print(f"{category} | {lengths} | {kind} | {accepted}/{drafts}")
+        total = totals.setdefault((lengths, kind), [0, 0])
+        total[0], total[1] = total[0] + accepted, total[1] + drafts
+    for (lengths, kind), (accepted, drafts) in sorted(totals.items()):
+        print(f"all | {lengths} | {kind} | {accepted}/{drafts} = {accepted / drafts:.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a spekula bench results.json[.gz] (its plain-decoding outputs are replayed)")
     ap.add_argument("--costs", help="seconds per target pass by width, as n:s,n:s,... (at least n = 1)")
     ap.add_argument("--new", default="open-chat,creative-writing", help="comma-separated prompt id prefixes held out")
     ap.add_argument("--spread", action="store_true", help="instead: first-token acceptance per request and source")
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="instead: first-token acceptance where the match's occurrences agree on it and where they do not",
+    )
     ap.add_argument(
         "--by-category",
         action="store_true",
@@ -178,15 +218,20 @@ def main() -> int:
         help="instead: a server warmed on EARLIER (another results file) serves every request of RESULTS",
     )
     ap.add_argument(
-        "--max-tokens", type=int, help="with --by-category or --warm-on: replay only each output's first N tokens"
+        "--max-tokens",
+        type=int,
+        help="with --by-category, --warm-on or --split: replay only each output's first N tokens",
     )
     args = ap.parse_args()
     requests, vocab = load_requests(args.results)
     if args.spread:
         spread(requests, vocab)
         return 0
+    if args.split:
+        split([truncated(r, args.max_tokens) for r in requests] if args.max_tokens else requests)
+        return 0
     if not args.costs:
-        ap.error("give --costs (or --spread)")
+        ap.error("give --costs (or --spread, --split)")
     table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
     if args.by_category:
         by_category(requests, table, vocab, args.max_tokens)

@@ -57,11 +57,11 @@ longer (docs/decisions/0023-short-recalls.md has the replays that chose 4).
 Split matches. SuffixDecoding drafts the most frequent continuation of a match's occurrences while its
 empirical probability, multiplied along the draft, stays at or above min_token_prob (0.1). Where the
 occurrences disagree on the very next token, the lookup is a guess between texts, and such a draft's first
-token is accepted far less often than one all occurrences agree on (on the built-in suite's greedy outputs,
-8 of 56 after a match of 2-7 tokens of the request's own text, against over half), while it costs a wider
-pass like any other. So by default (unanimous_first) a draft starts only where every occurrence examined
-agrees on its first token; later tokens follow the most frequent continuation as before
-(docs/decisions/0024-split-matches.md has the replays that chose it).
+token is accepted far less often than one all occurrences agree on after a match of the same length
+(`scripts/experiments/warm_replay.py RESULTS --split` measures both), while it costs a wider pass like any
+other. So by default (unanimous_first) a draft starts only where every occurrence examined agrees on its first
+token; later tokens follow the most frequent continuation as before (docs/decisions/0024-split-matches.md has
+the replays that chose it).
 
 Why not arctic-inference's own tree: its source distribution builds with torch >= 2.10, protobuf and
 grpcio-tools in its build requirements and imports torch in setup.py, so installing it pulls torch
@@ -481,9 +481,9 @@ class SuffixProposer(Proposer):
 
     def _walk(self, length: int, starts: list[tuple[int, list[int], int]]) -> SuffixMatch | None:
         """Follow the most frequent continuation of the matched occurrences, from a first token they all agree on
-        (unanimous_first). Ties go to the most recent occurrence (this request's own context first). An occurrence in this request's context that
-        runs into its end continues with the draft itself: the context as it will be if the draft is
-        accepted (a repeating text keeps repeating)."""
+        (unanimous_first). Ties go to the most recent occurrence (this request's own context first). An
+        occurrence in this request's context that runs into its end continues with the draft itself: the
+        context as it will be if the draft is accepted (a repeating text keeps repeating)."""
         config = self.config
         limit = config.draft_limit(length)
         draft: list[int] = []
