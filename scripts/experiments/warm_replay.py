@@ -98,12 +98,10 @@ def warm_and_cold(requests: list[Request], new: list[str], table: dict[int, floa
     after([r for r in requests if r not in held], held, table, vocab)
 
 
-def by_category(requests: list[Request], table: dict[int, float], vocab, cap: int | None) -> None:
+def by_category(requests: list[Request], table: dict[int, float], vocab) -> None:
     """Every category held out in turn: one engine serves the run's other requests, then the category's (warm);
     each of them also on a fresh engine (cold). Per category, the median and lowest decode speedup over plain
     decoding; then the geometric mean over all requests."""
-    if cap is not None:  # the first `cap` tokens of every output, as a run with max_tokens = cap would have emitted
-        requests = [truncated(r, cap) for r in requests]
     categories = sorted({r.category for r in requests})
     warm: dict[str, float] = {}
     cold: dict[str, float] = {}
@@ -125,11 +123,9 @@ def by_category(requests: list[Request], table: dict[int, float], vocab, cap: in
     print(f"geometric mean | {geo_w:.4f}x | | {geo_c:.4f}x |")
 
 
-def held_out(requests: list[Request], earlier: list[Request], table: dict[int, float], vocab, cap: int | None) -> None:
+def held_out(requests: list[Request], earlier: list[Request], table: dict[int, float], vocab) -> None:
     """Prompts no earlier request resembles, on a warm server: `after` the requests of another run (`earlier`, e.g.
     the built-in suite's, in that run's order); then the median, lowest and geometric mean, warm and cold."""
-    if cap is not None:
-        requests, earlier = [truncated(r, cap) for r in requests], [truncated(r, cap) for r in earlier]
     warm, cold = after(earlier, requests, table, vocab)
     for label, speedups in (("warm", warm), ("cold", cold)):
         values = list(speedups.values())
@@ -220,24 +216,30 @@ def main() -> int:
     ap.add_argument(
         "--max-tokens",
         type=int,
-        help="with --by-category, --warm-on or --split: replay only each output's first N tokens",
+        help="replay only each output's first N tokens, as a run with max_tokens N would have emitted them",
     )
     args = ap.parse_args()
     requests, vocab = load_requests(args.results)
+    earlier = load_requests(args.warm_on)[0] if args.warm_on else []
+    if args.max_tokens:
+        requests, earlier = (
+            [truncated(r, args.max_tokens) for r in requests],
+            [truncated(r, args.max_tokens) for r in earlier],
+        )
     if args.spread:
         spread(requests, vocab)
         return 0
     if args.split:
-        split([truncated(r, args.max_tokens) for r in requests] if args.max_tokens else requests)
+        split(requests)
         return 0
     if not args.costs:
         ap.error("give --costs (or --spread, --split)")
     table = {int(n): float(s) for n, s in (pair.split(":") for pair in args.costs.split(","))}
     if args.by_category:
-        by_category(requests, table, vocab, args.max_tokens)
+        by_category(requests, table, vocab)
         return 0
     if args.warm_on:
-        held_out(requests, load_requests(args.warm_on)[0], table, vocab, args.max_tokens)
+        held_out(requests, earlier, table, vocab)
         return 0
     warm_and_cold(requests, [n.strip() for n in args.new.split(",") if n.strip()], table, vocab)
     return 0
