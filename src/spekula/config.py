@@ -88,7 +88,7 @@ class SuffixOptions:
         0.1,
         "--suffix-min-token-prob",
         "stop a draft when its continuation's frequency among the matches (multiplied along the draft) falls "
-        "below P (default {default})",
+        "below P (default {default}); a draft's first token needs every match examined to agree on it",
         low=0,
         high=1,
         metavar="P",
