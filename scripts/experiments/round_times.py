@@ -6,10 +6,10 @@ The scheduler logs one debug line per round (spekula.server.scheduler.Scheduler.
 prompt tokens riding beside them, the requests still prefilling, the seconds) and one per prefill pass of its own
 (Scheduler._run_chunks). This prints, per log, the round classes seen most (steps, rows, a prompt chunk rode in
 the pass or not, requests prefilling) with their count, median and total seconds, the rounds with more rows than
-steps (drafts, or a prompt's last chunk folded into its first step), then the prefill passes' count,
-prompt tokens and seconds. Two servers given the same load (spekula serve and spekula serve --draft none, say)
-then show whether one's passes cost more than the other's (a class's median) or whether they only ran other
-rounds (the counts): docs/BENCHMARKS.md, "At concurrency 4".
+steps (drafts, or a prompt's last chunk folded into its first step), then the prefill passes' count, prompt
+tokens and seconds, and how long those of the commonest width (the chunk size) took. Two servers given the same
+load (spekula serve and spekula serve --draft none, say) then show whether one's passes cost more than the other's
+(a class's median) or whether they only ran other rounds (the counts): docs/BENCHMARKS.md, "At concurrency 4".
 
 What it found at concurrency 4 (spekula serve against --draft none, Zen 4 EPYC, 2026-12-06):
 docs/benchmarks/llama-server-c4/zen4-rounds-45a3a20/ (its commands and this script's output) and docs/BENCHMARKS.md.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 ROUND = re.compile(
     r"round \d+: (\d+) steps \((\d+) rows\), (\d+) prompt tokens beside them, (\d+) prefilling, ([\d.]+) s"
@@ -56,6 +56,10 @@ def summarize(path: str, top: int) -> list[str]:
     )
     tokens, seconds = sum(t for t, _ in prefills), sum(s for _, s in prefills)
     lines.append(f"  prefill passes of their own: {len(prefills)}, {tokens} prompt tokens, {seconds:.1f} s")
+    if prefills:  # the chunk size (--prefill-chunk) is the commonest width: how long such a pass took
+        width = Counter(t for t, _ in prefills).most_common(1)[0][0]
+        times = [s for t, s in prefills if t == width]
+        lines.append(f"  of them {len(times)} of {width} prompt tokens, {min(times):.2f} s to {max(times):.2f} s each")
     return lines
 
 
