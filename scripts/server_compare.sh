@@ -48,6 +48,8 @@
 #                stay in order, one after the other); with WARM, the seed of the warm sequence
 #   WARM [unset: cold] requests sent to each server before the reported ones (spekula bench --warm M)
 #   REQUESTS [unset] with WARM: reported requests per server (default: every prompt the sequence holds out once)
+#   WAVES [0] 1: requests in waves of C, each once the last wave's answers are all in (spekula bench --waves), so
+#             both servers serve the same batches; 0: a new request as soon as one ends (closed loop)
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
@@ -88,6 +90,7 @@ BASELINE_HUGE_PAGES=${BASELINE_HUGE_PAGES:-1}
 SHUFFLE_SEED=${SHUFFLE_SEED:-}
 WARM=${WARM:-}
 REQUESTS=${REQUESTS:-}
+WAVES=${WAVES:-0}
 LLAMA_SERVER_SPECS=${LLAMA_SERVER_SPECS:-}
 LLAMA_SERVER_NP=${LLAMA_SERVER_NP:-concurrency}
 LLAMA_SERVER=${LLAMA_SERVER:-$ROOT/.venv/bin/llama-server}
@@ -303,6 +306,7 @@ print(models[0]['max_model_len'])" "http://127.0.0.1:$SPEKULA_PORT")
     "$PYTHON" -m spekula bench "${common[@]}" --limit 1 --max-tokens 4 --out "$dir/warmup" >/dev/null
     local load=(--concurrency "$c" --repeats "$REPEATS" --salt --max-tokens "$MAX_TOKENS")
     [ -z "$WARM" ] && load+=(--requests $((c > PROMPTS ? c : PROMPTS)))
+    [ "$WAVES" = 1 ] && load+=(--waves)
     log "${BASE_NAMES[$i]}, concurrency $c: $REPEATS phases per server (${WARM:+warm after $WARM requests, }max_tokens $MAX_TOKENS)"
     record "$PYTHON" -m spekula bench "${common[@]}" "${WORKLOAD[@]}" "${load[@]}" --out "$dir"
     "$PYTHON" -m spekula bench "${common[@]}" "${WORKLOAD[@]}" "${load[@]}" --out "$dir" >"$dir/bench.txt"
@@ -403,6 +407,7 @@ main() {
     esac
     OUT=$1
     MODEL=${2:-qwen2.5-coder-1.5b}
+    [[ $WAVES == [01] ]] || { log "WAVES must be 0 (closed loop) or 1 (waves), got '$WAVES'"; exit 2; }
     plan_baselines
     [[ " ${BASE_KINDS[*]} " == *" llama-server "* ]] && require_llama_server
     mkdir -p "$OUT"

@@ -183,6 +183,8 @@ def test_cli_refuses_half_an_endpoint_pair(unseen_workload, capsys):
     assert main(["audit", "--workload", str(unseen_workload), "--endpoint", "http://127.0.0.1:9"]) == 2
     assert "needs both --endpoint" in capsys.readouterr().err
     assert main(["bench", "--workload", str(unseen_workload), "--baseline-endpoint", "http://127.0.0.1:9"]) == 2
+    assert main(["bench", "--workload", str(unseen_workload), "--waves"]) == 2  # in-process: one request at a time
+    assert "--waves is for --endpoint runs" in capsys.readouterr().err
 
 
 # -- an answer counts only when it is whole -------------------------------------------------------
@@ -365,3 +367,32 @@ def test_a_server_that_counts_its_end_token_counts_an_identical_text_as_the_othe
     assert borrow_token_counts(results) == 1
     assert [r.stats.output_tokens for r in results] == [9, 9, 9, 10]
     assert [r.token_count_source for r in results] == ["usage", "usage (identical text)", "usage", "usage"]
+
+
+@pytest.mark.parametrize("waves", [False, True])
+def test_waves_send_the_same_batches_and_closed_loop_refills_at_once(waves, unseen_workload, monkeypatch):
+    """--waves: a wave of --concurrency requests starts only once the last wave's are all in; the default closed
+    loop starts a request as soon as one ends. Request durations differ (scheduler yields, no clock)."""
+    import spekula.bench.endpoint as endpoint_module
+
+    events: list[tuple[str, int]] = []
+    items = load_workload(unseen_workload)
+
+    async def fake_request(client, model, item, sampling, max_tokens, chat, extra_body=None):
+        i = len([e for e in events if e[0] == "start"])
+        events.append(("start", i))
+        for _ in range(50 if i % 3 == 0 else 1):  # every third request takes longer
+            await asyncio.sleep(0)
+        events.append(("end", i))
+        return RequestResult(item.id, item.category, "", RequestStats(finish_reason="length"), "x", None)
+
+    monkeypatch.setattr(endpoint_module, "_request", fake_request)
+    load = Load(concurrency=3, requests=9, waves=waves)
+    endpoint = Endpoint("e", "http://127.0.0.1:9", model="m")
+    results, _, _ = run_endpoint(endpoint, items, SamplingParams(), load, progress=False)
+    assert len(results) == 9 and [r.order for r in results] == list(range(9))
+    ended_before = [sum(e[0] == "end" for e in events[:n]) for n, e in enumerate(events) if e[0] == "start"]
+    if waves:
+        assert ended_before == [0, 0, 0, 3, 3, 3, 6, 6, 6], events
+    else:
+        assert ended_before[3] < 3, events  # refilled while the long first request was still in flight

@@ -94,6 +94,12 @@ def test_a_spec_type_that_needs_a_draft_model_or_does_not_exist_is_refused(tmp_p
         assert "LLAMA_SERVER_ARGS" in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_an_arrival_other_than_waves_or_closed_loop_is_refused(tmp_path):
+    result = run(str(tmp_path / "out"), "m.gguf", env={"WAVES": "yes"})
+    assert result.returncode == 2 and "WAVES must be 0 (closed loop) or 1 (waves), got 'yes'" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_llama_server_baselines_share_the_gguf_threads_and_a_context_per_slot():
     env = {"LLAMA_SERVER_SPECS": "none ngram-simple ngram-mod", "LLAMA_SERVER": "/bin/llama-server", "THREADS": "2"}
     planned = baselines(4, **env)
@@ -134,7 +140,7 @@ def test_it_passes_only_options_spekula_has():
     for flag in ("--target", "--threads", "--draft", "--host", "--port"):
         assert flag in serve
     flags = ("--endpoint", "--baseline-endpoint", "--baseline-extra-body", "--per-category", "--requests", "--warm")
-    for flag in (*flags, "--shuffle-seed", "--salt", "--concurrency", "--repeats"):
+    for flag in (*flags, "--shuffle-seed", "--salt", "--concurrency", "--repeats", "--waves"):
         assert flag in TEXT and flag in bench
 
 

@@ -101,6 +101,13 @@ def add_endpoint_options(p: argparse.ArgumentParser) -> None:
         )
     g.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     g.add_argument(
+        "--waves",
+        action="store_true",
+        help="send requests in waves of --concurrency, each once the last wave's answers are all in, so that every "
+        "endpoint serves the same batches (default: a new request as soon as one ends, which lets batches drift "
+        "apart with each server's speed)",
+    )
+    g.add_argument(
         "--requests",
         type=int,
         default=None,
@@ -469,7 +476,7 @@ def _endpoints(args: argparse.Namespace):
             args.api_key,
             args.baseline_extra_body,
         )
-    load = Load(args.concurrency, args.requests, args.time_limit, args.request_timeout)
+    load = Load(args.concurrency, args.requests, args.time_limit, args.request_timeout, args.waves)
     return endpoint, baseline, load
 
 
@@ -535,6 +542,8 @@ def _bench_inprocess(
         raise ConfigError("--baseline-endpoint needs --endpoint (the deployment to compare with it)")
     if args.salt:
         raise ConfigError("--salt is for --endpoint runs (in-process contenders keep their caches apart)")
+    if args.waves:
+        raise ConfigError("--waves is for --endpoint runs (in-process contenders serve one request at a time)")
     choices = choices_from_args(args)
     from spekula.bench.runner import PLAIN, check_baseline
 

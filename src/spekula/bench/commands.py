@@ -322,6 +322,7 @@ def _endpoint_record(
 def _load_record(load: Load, phases: int, salt: str | None) -> dict[str, Any]:
     return {
         "concurrency": load.concurrency,
+        "arrival": "waves" if load.waves else "closed loop",
         "requests": load.requests,
         "time_limit_s": load.time_limit_s,
         "request_timeout_s": load.request_timeout_s,

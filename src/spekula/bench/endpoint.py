@@ -78,6 +78,9 @@ class Load:
     requests: int | None = None  # None: one per workload item
     time_limit_s: float | None = None  # no new request after this many seconds
     request_timeout_s: float = 300.0
+    # True: requests go in waves of `concurrency`, each wave once the last one's answers are all in, so every
+    # endpoint serves the same batches (closed-loop arrival lets batches drift apart with each server's speed)
+    waves: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -164,7 +167,9 @@ async def _run(
                 bar.update(1)
 
         with bar:
-            await asyncio.gather(*(one(i) for i in range(total)))
+            step = load.concurrency if load.waves else total
+            for first in range(0, total, step):
+                await asyncio.gather(*(one(i) for i in range(first, min(first + step, total))))
         wall = time.perf_counter() - start
     finally:
         await client.close()
