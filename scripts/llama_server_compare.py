@@ -19,7 +19,8 @@ dealt in turn (an edit session's two turns stay together, in order): set A, set 
 
 So cold and warm are measured on different prompts, each against llama-server's plain decoding on the same
 prompts in the same phase. `--warmup-rounds N` sends W N times (with a salt line per round, so it is new
-text to every cache) to warm the servers longer.
+text to every cache) to warm the servers longer. `--warmup-workload builtin` takes W from another workload, whole,
+and deals --workload's prompts to A and B only: held-out prompts on servers that other traffic has warmed.
 
 Contenders (`--contenders`, comma-separated; default: all of these but the last):
   llama-server          llama-server -m GGUF -t T -tb T -np P --port ... (its defaults otherwise)
@@ -36,7 +37,7 @@ contender), OUT/table.md, OUT/commands.txt and each server's log; the last line 
 
     .venv/bin/python scripts/llama_server_compare.py OUT [--max-tokens 96] [--warmup-rounds 1]
     .venv/bin/python scripts/llama_server_compare.py OUT --max-tokens 0 --categories code-editing,repeat-editing,...
-    .venv/bin/python scripts/llama_server_compare.py OUT --workload HELD-OUT.jsonl
+    .venv/bin/python scripts/llama_server_compare.py OUT --workload HELD-OUT.jsonl [--warmup-workload builtin]
     .venv/bin/python scripts/llama_server_compare.py OUT --retable   # OUT/table.md again from OUT/results.jsonl
 """
 
@@ -104,6 +105,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--categories", help="comma-separated: only the workload's prompts of these categories (default: every one)"
     )
     ap.add_argument("--warmup-rounds", type=int, default=1)
+    ap.add_argument(
+        "--warmup-workload",
+        help="the warm-up set W from this workload ('builtin' or a JSON Lines file), every prompt of it, and "
+        "--workload's prompts dealt to A and B only: held-out prompts measured on servers warmed by other traffic "
+        "(default: W is a third of --workload's prompts)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the order of each set")
     ap.add_argument("--port", type=int, default=18300, help="the first contender's port; the next ones follow")
     ap.add_argument("--start-timeout", type=float, default=600.0)
@@ -125,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.items = load_workload(args.workload)
     except WorkloadError as e:
         ap.error(f"--workload: {e}")
+    try:
+        args.warmup_items = None if args.warmup_workload is None else load_workload(args.warmup_workload)
+    except WorkloadError as e:
+        ap.error(f"--warmup-workload: {e}")
     if args.categories is not None:
         known = sorted({item.category for item in args.items})
         args.categories = [c.strip() for c in args.categories.split(",") if c.strip()]
@@ -138,9 +149,10 @@ def workload(args: argparse.Namespace) -> list[WorkItem]:
     return [item for item in args.items if args.categories is None or item.category in args.categories]
 
 
-def split_suite(items: list[WorkItem], seed: int) -> dict[str, list[WorkItem]]:
-    """Deal each category's prompts (an edit session's turns together) to sets A, B and W in turn, then put
-    each set in a seeded order with every session's turns one after the other."""
+def split_suite(items: list[WorkItem], seed: int, names: str = "ABW") -> dict[str, list[WorkItem]]:
+    """Deal each category's prompts (an edit session's turns together) to sets A, B and W in turn (`names`: "AB"
+    deals to A and B only, W left empty), then put each set in a seeded order with every session's turns one
+    after the other."""
     units: dict[str, list[list[WorkItem]]] = {}
     sessions: dict[str, list[WorkItem]] = {}
     for item in items:
@@ -155,11 +167,20 @@ def split_suite(items: list[WorkItem], seed: int) -> dict[str, list[WorkItem]]:
     sets: dict[str, list[WorkItem]] = {"A": [], "B": [], "W": []}
     for group in units.values():
         for i, unit in enumerate(group):
-            sets["ABW"[i % 3]].extend(unit)
+            sets[names[i % len(names)]].extend(unit)
     rng = random.Random(seed)
     for items_ in sets.values():
         rng.shuffle(items_)
     return {name: conversation_order(items_) for name, items_ in sets.items()}
+
+
+def phase_sets(args: argparse.Namespace) -> dict[str, list[WorkItem]]:
+    """Sets A (cold), W (warm-up) and B (warm): from --workload alone, or W from --warmup-workload."""
+    if args.warmup_items is None:
+        return split_suite(workload(args), args.seed)
+    sets = split_suite(workload(args), args.seed, names="AB")
+    sets["W"] = split_suite(args.warmup_items, args.seed, names="W")["W"]
+    return sets
 
 
 def servers(args: argparse.Namespace, gguf: str) -> list[Server]:
@@ -431,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [recount(json.loads(line), count) for line in lines.splitlines()]
         return write_table(args, rows, {})
     gguf = str(resolve(args.model).gguf_path)
-    sets = split_suite(workload(args), args.seed)
+    sets = phase_sets(args)
     args.out.mkdir(parents=True, exist_ok=True)
     live = servers(args, gguf)
     # the servers' commands, naming no machine (paths from the checkout or $SPEKULA_CACHE: manifest.portable)

@@ -321,3 +321,21 @@ def test_a_workload_file_of_held_out_prompts_replaces_the_suite(script, tmp_path
         script.parse_args([str(tmp_path), "--workload", str(held_out), "--categories", "code-editing"])
     with pytest.raises(SystemExit):
         script.parse_args([str(tmp_path), "--workload", str(tmp_path / "missing.jsonl")])
+
+
+def test_a_warm_up_workload_fills_w_and_the_held_out_prompts_are_all_measured(script, tmp_path):
+    """--warmup-workload builtin: W is the whole suite, every prompt of --workload lands in A or B (none in W),
+    each category in both; a warm-up file that does not load is refused."""
+    lines = [{"id": f"{c}-{i}", "category": c, "prompt": f"{c} {i}"} for c in ("chat", "code") for i in range(4)]
+    held_out = tmp_path / "held-out.jsonl"
+    held_out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = script.parse_args([str(tmp_path / "out"), "--workload", str(held_out), "--warmup-workload", "builtin"])
+    sets = script.phase_sets(args)
+    assert sorted(i.id for i in sets["A"] + sets["B"]) == sorted(line["id"] for line in lines)
+    assert sorted(i.id for i in sets["W"]) == sorted(i.id for i in builtin_workload())
+    for category in ("chat", "code"):
+        assert [i.category for i in sets["A"]].count(category) == [i.category for i in sets["B"]].count(category) == 2
+    without = script.phase_sets(script.parse_args([str(tmp_path / "out"), "--workload", str(held_out)]))
+    assert {i.id for i in without["W"]} <= {line["id"] for line in lines} and without["W"]  # a third of the file
+    with pytest.raises(SystemExit):
+        script.parse_args([str(tmp_path / "out"), "--warmup-workload", str(tmp_path / "missing.jsonl")])
