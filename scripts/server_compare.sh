@@ -48,8 +48,9 @@
 #                stay in order, one after the other); with WARM, the seed of the warm sequence
 #   WARM [unset: cold] requests sent to each server before the reported ones (spekula bench --warm M)
 #   REQUESTS [unset] with WARM: reported requests per server (default: every prompt the sequence holds out once)
-#   WAVES [0] 1: requests in waves of C, each once the last wave's answers are all in (spekula bench --waves), so
-#             both servers serve the same batches; 0: a new request as soon as one ends (closed loop)
+#   WAVES [0] 1: requests in waves of C, each once the last wave's answers are all in, each request once the server
+#             has queued the one before (spekula bench --waves), so both servers serve the same batches in the same
+#             order; 0: a new request as soon as one ends (closed loop)
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]

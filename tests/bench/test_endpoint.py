@@ -370,17 +370,24 @@ def test_a_server_that_counts_its_end_token_counts_an_identical_text_as_the_othe
 
 
 @pytest.mark.parametrize("waves", [False, True])
-def test_waves_send_the_same_batches_and_closed_loop_refills_at_once(waves, unseen_workload, monkeypatch):
-    """--waves: a wave of --concurrency requests starts only once the last wave's are all in; the default closed
-    loop starts a request as soon as one ends. Request durations differ (scheduler yields, no clock)."""
+def test_waves_send_the_same_batches_in_the_same_order_and_closed_loop_refills_at_once(
+    waves, unseen_workload, monkeypatch
+):
+    """--waves: a wave of --concurrency requests starts only once the last wave's are all in, and within a wave a
+    request is sent only once the server has queued the one before; the default closed loop sends them together and
+    starts a request as soon as one ends. Request durations differ (scheduler yields, no clock)."""
     import spekula.bench.endpoint as endpoint_module
 
     events: list[tuple[str, int]] = []
     items = load_workload(unseen_workload)
 
-    async def fake_request(client, model, item, sampling, max_tokens, chat, extra_body=None):
-        i = len([e for e in events if e[0] == "start"])
+    async def fake_request(client, model, item, sampling, max_tokens, chat, extra_body=None, queued=None):
+        i = sum(e[0] == "start" for e in events)
         events.append(("start", i))
+        for _ in range(3):  # the server takes its time to answer the headers
+            await asyncio.sleep(0)
+        events.append(("queued", i))
+        queued.set()
         for _ in range(50 if i % 3 == 0 else 1):  # every third request takes longer
             await asyncio.sleep(0)
         events.append(("end", i))
@@ -391,8 +398,13 @@ def test_waves_send_the_same_batches_and_closed_loop_refills_at_once(waves, unse
     endpoint = Endpoint("e", "http://127.0.0.1:9", model="m")
     results, _, _ = run_endpoint(endpoint, items, SamplingParams(), load, progress=False)
     assert len(results) == 9 and [r.order for r in results] == list(range(9))
-    ended_before = [sum(e[0] == "end" for e in events[:n]) for n, e in enumerate(events) if e[0] == "start"]
+    starts = [n for n, e in enumerate(events) if e[0] == "start"]
+    ended_before = [sum(e[0] == "end" for e in events[:n]) for n in starts]
+    queued_before = [sum(e[0] == "queued" for e in events[:n]) for n in starts]
     if waves:
-        assert ended_before == [0, 0, 0, 3, 3, 3, 6, 6, 6], events
+        assert [ended_before[i] >= 3 * (i // 3) for i in range(9)] == [True] * 9, events  # the last wave all in
+        assert ended_before[3] == 3 and ended_before[6] == 6, events  # and no wave waits for the next
+        assert queued_before == [0, 1, 2, 3, 4, 5, 6, 7, 8], events  # each once the one before was queued
     else:
+        assert queued_before[:3] == [0, 0, 0], events  # sent together
         assert ended_before[3] < 3, events  # refilled while the long first request was still in flight

@@ -103,9 +103,10 @@ def add_endpoint_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--waves",
         action="store_true",
-        help="send requests in waves of --concurrency, each once the last wave's answers are all in, so that every "
-        "endpoint serves the same batches (default: a new request as soon as one ends, which lets batches drift "
-        "apart with each server's speed)",
+        help="send requests in waves of --concurrency, each wave once the last one's answers are all in, each "
+        "request once the server has answered the headers of the one before (queued it), so that every endpoint "
+        "serves the same batches in the same order (default: a new request as soon as one ends, which lets batches "
+        "drift apart with each server's speed)",
     )
     g.add_argument(
         "--requests",

@@ -78,8 +78,9 @@ class Load:
     requests: int | None = None  # None: one per workload item
     time_limit_s: float | None = None  # no new request after this many seconds
     request_timeout_s: float = 300.0
-    # True: requests go in waves of `concurrency`, each wave once the last one's answers are all in, so every
-    # endpoint serves the same batches (closed-loop arrival lets batches drift apart with each server's speed)
+    # True: requests go in waves of `concurrency`, each wave once the last one's answers are all in, and within a
+    # wave each request once the server has answered the one before's headers (queued it), so every endpoint serves
+    # the same batches in the same order (closed-loop arrival lets batches drift apart with each server's speed)
     waves: bool = False
 
     def __post_init__(self) -> None:
@@ -141,30 +142,32 @@ async def _run(
             total=total, file=sys.stderr, disable=not progress, unit="req", desc=endpoint.name, dynamic_ncols=True
         )
 
+        # queued[i]: the server has answered request i's headers (it has queued it) or the request is over; in
+        # waves each request waits for the one before it, so every server queues a wave in the same order
+        queued = [asyncio.Event() for _ in range(total)]
+
         async def one(i: int) -> None:
             async with semaphore:
-                if deadline is not None and time.perf_counter() > deadline:
-                    return  # over the time limit: not started, not counted
-                item = items[i % len(items)]
-                repeat = first_repeat + i // len(items)
                 try:
-                    r = await asyncio.wait_for(
-                        _request(
-                            client,
-                            model,
-                            item,
-                            request_sampling(sampling, i % len(items), repeat),
-                            item.max_tokens_under(max_tokens),
-                            chat,
-                            endpoint.extra_body,
-                        ),
-                        timeout=load.request_timeout_s,
-                    )
-                except Exception as e:  # one failed request is a result, not the end of the run
-                    r = _failed(item, endpoint.name, e)
-                r.config, r.repeat, r.order = endpoint.name, repeat, first_repeat * len(items) + i
-                results[i] = r
-                bar.update(1)
+                    if load.waves and i % load.concurrency:
+                        await queued[i - 1].wait()
+                    if deadline is not None and time.perf_counter() > deadline:
+                        return  # over the time limit: not started, not counted
+                    item = items[i % len(items)]
+                    repeat = first_repeat + i // len(items)
+                    fields = (request_sampling(sampling, i % len(items), repeat), item.max_tokens_under(max_tokens))
+                    try:
+                        r = await asyncio.wait_for(
+                            _request(client, model, item, *fields, chat, endpoint.extra_body, queued=queued[i]),
+                            timeout=load.request_timeout_s,
+                        )
+                    except Exception as e:  # one failed request is a result, not the end of the run
+                        r = _failed(item, endpoint.name, e)
+                    r.config, r.repeat, r.order = endpoint.name, repeat, first_repeat * len(items) + i
+                    results[i] = r
+                    bar.update(1)
+                finally:
+                    queued[i].set()
 
         with bar:
             step = load.concurrency if load.waves else total
@@ -218,7 +221,9 @@ async def _request(
     max_tokens: int,
     chat: bool,
     extra_body: dict[str, Any] | None = None,
+    queued: asyncio.Event | None = None,
 ) -> RequestResult:
+    """One streamed request; `queued` is set once the server has answered its headers."""
     kwargs = _request_fields(model, sampling, max_tokens, extra_body)
     use_chat = item.messages is not None or chat
     t0 = time.perf_counter()
@@ -233,6 +238,8 @@ async def _request(
     finish = None
     done = False
     async with opened as response:
+        if queued is not None:
+            queued.set()
         async for event, data in _sse_events(response.iter_lines()):
             if data.strip() == "[DONE]":
                 done = True
