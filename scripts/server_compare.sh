@@ -50,7 +50,8 @@
 #   REQUESTS [unset] with WARM: reported requests per server (default: every prompt the sequence holds out once)
 #   WAVES [0] 1: requests in waves of C, each once the last wave's answers are all in, each request once the server
 #             has queued the one before (spekula bench --waves), so both servers serve the same batches in the same
-#             order; 0: a new request as soon as one ends (closed loop)
+#             order (for two spekula servers: llama-server answers the headers only with the first token);
+#             0: a new request as soon as one ends (closed loop)
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
@@ -409,6 +410,11 @@ main() {
     OUT=$1
     MODEL=${2:-qwen2.5-coder-1.5b}
     [[ $WAVES == [01] ]] || { log "WAVES must be 0 (closed loop) or 1 (waves), got '$WAVES'"; exit 2; }
+    if [ "$WAVES" = 1 ] && [ -z "$BASELINE_SERVE_ARGS" ]; then
+        log "WAVES=1 compares two spekula servers (set BASELINE_SERVE_ARGS): llama-server answers a request's headers"
+        log "only with its first token, so a wave would reach it one request per first token; use WAVES=0 against it"
+        exit 2
+    fi
     plan_baselines
     [[ " ${BASE_KINDS[*]} " == *" llama-server "* ]] && require_llama_server
     mkdir -p "$OUT"

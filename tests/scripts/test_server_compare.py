@@ -97,6 +97,9 @@ def test_a_spec_type_that_needs_a_draft_model_or_does_not_exist_is_refused(tmp_p
 def test_an_arrival_other_than_waves_or_closed_loop_is_refused(tmp_path):
     result = run(str(tmp_path / "out"), "m.gguf", env={"WAVES": "yes"})
     assert result.returncode == 2 and "WAVES must be 0 (closed loop) or 1 (waves), got 'yes'" in result.stderr
+    for env in ({}, {"LLAMA_SERVER_SPECS": "none"}):  # waves against llama_cpp.server or llama-server: refused
+        result = run(str(tmp_path / "out"), "m.gguf", env={"WAVES": "1", **env})
+        assert result.returncode == 2 and "WAVES=1 compares two spekula servers" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
