@@ -335,7 +335,7 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             }
             cells = {c: statistics.median(v for (cc, _), v in ratios.items() if cc == c) for c in categories}
             whole = statistics.median(ratios.values())
-            same = sum(by[(phase, i, name)]["text"] == by[(phase, i, PLAIN)]["text"] for _, i in ids)
+            same = _same_text(by, phase, ids, PLAIN, name)
             summary.setdefault(phase, {})[name] = {"all": whole, **cells, "same_text_as_plain": same}
             row = f"| {name} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories)
             lines.append(row + f" | {same}/{len(ids)} |")
@@ -347,7 +347,10 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             cells = {c: statistics.median(v for (cc, _), v in ratios.items() if cc == c) for c in categories}
             whole = statistics.median(ratios.values())
             summary[phase][label] = {"all": whole, **cells}
-            lines.append(f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories) + " | |")
+            same = " " if len(over) > 1 else f" {_same_text(by, phase, ids, over[0])}/{len(ids)} as {over[0]}'s "
+            lines.append(
+                f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories) + f" |{same}|"
+            )
         lines += drafting_lines(phase, [r for r in rows if r["phase"] == phase], categories)
         lines += pass_cost_lines(phase, [r for r in rows if r["phase"] == phase], categories)
         if not any(r.get("ttft_s") is not None for r in rows if r["phase"] == phase):
@@ -366,6 +369,11 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             lines.append(f"| {name} | {cell} | {statistics.median(ttft):.3f} |" if ttft else f"| {name} | {cell} | - |")
             summary[phase][name]["decode"] = statistics.median(decode) if decode else None
     return "\n".join(lines) + "\n", summary
+
+
+def _same_text(by: dict, phase: str, ids: list[tuple[str, str]], other: str, name: str = "spekula") -> int:
+    """How many of the phase's prompts `name` answered with `other`'s very text."""
+    return sum(by[(phase, i, name)]["text"] == by[(phase, i, other)]["text"] for _, i in ids)
 
 
 def drafting_lines(phase: str, rows: list[dict], categories: list[str]) -> list[str]:

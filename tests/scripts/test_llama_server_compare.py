@@ -96,8 +96,10 @@ def test_the_table_gives_spekula_over_the_faster_n_gram_mode_and_over_its_own_pl
             rows.append(
                 {"phase": phase, "id": "a", "category": "code", "server": server, "tokens_per_s": tps, "text": "t"}
             )
+        plain_text = "t" if phase == "cold" else "u"  # spekula's text and --draft none's differ in the warm phase
         rows.append(
-            {"phase": phase, "id": "a", "category": "code", "server": "spekula-plain", "tokens_per_s": 7.0, "text": "t"}
+            {"phase": phase, "id": "a", "category": "code", "server": "spekula-plain", "tokens_per_s": 7.0}
+            | {"text": plain_text}
         )
     text, summary = script.table(rows, script.DEFAULT_CONTENDERS)
     assert summary["cold"]["spekula over the better n-gram mode"]["code"] == pytest.approx(14 / 16)
@@ -107,6 +109,8 @@ def test_the_table_gives_spekula_over_the_faster_n_gram_mode_and_over_its_own_pl
     _, every = script.table(rows, script.CONTENDERS)  # the history-exact prompt cache against reusing every row
     assert every["cold"]["spekula over spekula-any-rows"]["code"] == pytest.approx(14 / 17.5)
     assert "| spekula over the better n-gram mode | 0.875 | 0.875 | |" in text
+    assert "| spekula over spekula-plain | 2.000 | 2.000 | 1/1 as spekula-plain's |" in text.split("warm")[0]
+    assert "| spekula over spekula-plain | 2.000 | 2.000 | 0/1 as spekula-plain's |" in text.split("warm")[1]
     cold_only, kept = script.table([r for r in rows if r["phase"] == "cold"], script.DEFAULT_CONTENDERS)
     assert set(kept) == {"cold"} and "warm" not in cold_only  # a run stopped before its warm phase
     _, without = script.table(
