@@ -347,10 +347,9 @@ def table(rows: list[dict], contenders: list[str]) -> tuple[str, dict]:
             cells = {c: statistics.median(v for (cc, _), v in ratios.items() if cc == c) for c in categories}
             whole = statistics.median(ratios.values())
             summary[phase][label] = {"all": whole, **cells}
-            same = " " if len(over) > 1 else f" {_same_text(by, phase, ids, over[0])}/{len(ids)} as {over[0]}'s "
-            lines.append(
-                f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories) + f" |{same}|"
-            )
+            same = "" if len(over) > 1 else f"{_same_text(by, phase, ids, over[0])}/{len(ids)} as {over[0]}'s"
+            row = f"| {label} | {whole:.3f} | " + " | ".join(f"{cells[c]:.3f}" for c in categories)
+            lines.append(row + (f" | {same} |" if same else " | |"))
         lines += drafting_lines(phase, [r for r in rows if r["phase"] == phase], categories)
         lines += pass_cost_lines(phase, [r for r in rows if r["phase"] == phase], categories)
         if not any(r.get("ttft_s") is not None for r in rows if r["phase"] == phase):

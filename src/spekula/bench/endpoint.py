@@ -146,26 +146,29 @@ async def _run(
         # waves each request waits for the one before it, so every server queues a wave in the same order
         queued = [asyncio.Event() for _ in range(total)]
 
+        async def send(i: int) -> None:
+            if deadline is not None and time.perf_counter() > deadline:
+                return  # over the time limit: not started, not counted
+            item = items[i % len(items)]
+            repeat = first_repeat + i // len(items)
+            fields = (request_sampling(sampling, i % len(items), repeat), item.max_tokens_under(max_tokens))
+            try:
+                r = await asyncio.wait_for(
+                    _request(client, model, item, *fields, chat, endpoint.extra_body, queued=queued[i]),
+                    timeout=load.request_timeout_s,
+                )
+            except Exception as e:  # one failed request is a result, not the end of the run
+                r = _failed(item, endpoint.name, e)
+            r.config, r.repeat, r.order = endpoint.name, repeat, first_repeat * len(items) + i
+            results[i] = r
+            bar.update(1)
+
         async def one(i: int) -> None:
             async with semaphore:
                 try:
                     if load.waves and i % load.concurrency:
                         await queued[i - 1].wait()
-                    if deadline is not None and time.perf_counter() > deadline:
-                        return  # over the time limit: not started, not counted
-                    item = items[i % len(items)]
-                    repeat = first_repeat + i // len(items)
-                    fields = (request_sampling(sampling, i % len(items), repeat), item.max_tokens_under(max_tokens))
-                    try:
-                        r = await asyncio.wait_for(
-                            _request(client, model, item, *fields, chat, endpoint.extra_body, queued=queued[i]),
-                            timeout=load.request_timeout_s,
-                        )
-                    except Exception as e:  # one failed request is a result, not the end of the run
-                        r = _failed(item, endpoint.name, e)
-                    r.config, r.repeat, r.order = endpoint.name, repeat, first_repeat * len(items) + i
-                    results[i] = r
-                    bar.update(1)
+                    await send(i)
                 finally:
                     queued[i].set()
 
