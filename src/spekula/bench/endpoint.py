@@ -130,17 +130,13 @@ async def _run(
 ) -> tuple[list[RequestResult], float, str]:
     client = _client(endpoint, load)
     try:
-        with needs_extra("bench", "measuring an endpoint"):
-            from tqdm import tqdm
         model = endpoint.model or await discover_model(client, endpoint.url)
         total = load.requests or len(items)
         semaphore = asyncio.Semaphore(load.concurrency)
         results: list[RequestResult | None] = [None] * total
         start = time.perf_counter()
         deadline = start + load.time_limit_s if load.time_limit_s else None
-        bar = tqdm(
-            total=total, file=sys.stderr, disable=not progress, unit="req", desc=endpoint.name, dynamic_ncols=True
-        )
+        bar = _progress_bar(endpoint.name, total, progress)
 
         # queued[i]: the server has answered request i's headers (it has queued it) or the request is over; in
         # waves each request waits for the one before it, so every server queues a wave in the same order
@@ -180,6 +176,13 @@ async def _run(
     finally:
         await client.close()
     return [r for r in results if r is not None], wall, model
+
+
+def _progress_bar(name: str, total: int, progress: bool) -> Any:
+    with needs_extra("bench", "measuring an endpoint"):
+        from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", desc=name, dynamic_ncols=True)
 
 
 def _client(endpoint: Endpoint, load: Load) -> Any:
