@@ -403,7 +403,7 @@ def test_waves_send_the_same_batches_in_the_same_order_and_closed_loop_refills_a
     queued_before = [sum(e[0] == "queued" for e in events[:n]) for n in starts]
     if waves:
         assert [ended_before[i] >= 3 * (i // 3) for i in range(9)] == [True] * 9, events  # the last wave all in
-        assert ended_before[3] == 3 and ended_before[6] == 6, events  # started as soon as it was
+        assert ended_before[3] == 3 and ended_before[6] == 6, events  # a wave starts once the one before has all ended
         assert queued_before == [0, 1, 2, 3, 4, 5, 6, 7, 8], events  # each once the one before was queued
     else:
         assert queued_before[:3] == [0, 0, 0], events  # sent together
