@@ -52,6 +52,9 @@
 #             has queued the one before (spekula bench --waves), so both servers serve the same batches in the same
 #             order (for two spekula servers: llama-server answers the headers only with the first token);
 #             0: a new request as soon as one ends (closed loop)
+#   BASELINE_FIRST [0] 1: the baseline starts before spekula serve (by default spekula serve starts first), so
+#                  an A/A run can tell a seat's effect (start order, port) from a server's; needs N_CTX unless the
+#                  baseline is a second spekula serve
 #   THREADS [2]  DRAFT [spekula serve's default]  SERVE_ARGS [none: more `spekula serve` options]
 #   N_CTX [spekula serve's max_model_len]  REQUEST_TIMEOUT [600]  SPEKULA_PORT [8411]  LLAMA_PORT [8412]
 #   START_TIMEOUT [600] seconds to wait for each server  PYTHON [.venv/bin/python, else python3]
@@ -93,6 +96,7 @@ SHUFFLE_SEED=${SHUFFLE_SEED:-}
 WARM=${WARM:-}
 REQUESTS=${REQUESTS:-}
 WAVES=${WAVES:-0}
+BASELINE_FIRST=${BASELINE_FIRST:-0}
 LLAMA_SERVER_SPECS=${LLAMA_SERVER_SPECS:-}
 LLAMA_SERVER_NP=${LLAMA_SERVER_NP:-concurrency}
 LLAMA_SERVER=${LLAMA_SERVER:-$ROOT/.venv/bin/llama-server}
@@ -285,10 +289,8 @@ print(len(select(load_workload('builtin'), categories_wanted=wanted, per_categor
         "$PER_CATEGORY" "$CATEGORIES"
 }
 
-run_one() { # I C DIR: spekula serve against baseline I at concurrency C, on freshly started servers
-    local i=$1 c=$2 dir=$3 body='{}'
-    mkdir -p "$dir"
-    start "spekula serve ($TARGET)" "$dir/spekula-serve.log" /health "$SPEKULA_PORT" -- \
+start_spekula() { # DIR: spekula serve on SPEKULA_PORT; N_CTX from its /v1/models when unset
+    start "spekula serve ($TARGET)" "$1/spekula-serve.log" /health "$SPEKULA_PORT" -- \
         "$PYTHON" "${SPEKULA_SERVE[@]}" --port "$SPEKULA_PORT" "${SERVE_EXTRA[@]}"
     if [ -z "$N_CTX" ]; then
         N_CTX=$("$PYTHON" -c "
@@ -296,10 +298,29 @@ import json, sys, urllib.request
 models = json.load(urllib.request.urlopen(sys.argv[1] + '/v1/models'))['data']
 print(models[0]['max_model_len'])" "http://127.0.0.1:$SPEKULA_PORT")
     fi
-    baseline_argv "$i" "$c"
-    local ready=/v1/models
+}
+
+start_baseline() { # I C DIR: baseline I at concurrency C on LLAMA_PORT
+    local i=$1 ready=/v1/models
+    baseline_argv "$i" "$2"
     [ "${BASE_KINDS[$i]}" != llama_cpp.server ] && ready=/health
-    start "${BASE_NAMES[$i]}" "$dir/baseline.log" "$ready" "$LLAMA_PORT" "${BASE_ENV[@]}" -- "${BASE_ARGV[@]}"
+    start "${BASE_NAMES[$i]}" "$3/baseline.log" "$ready" "$LLAMA_PORT" "${BASE_ENV[@]}" -- "${BASE_ARGV[@]}"
+}
+
+start_servers() { # I C DIR: spekula serve and baseline I, in the order BASELINE_FIRST sets
+    if [ "$BASELINE_FIRST" = 1 ]; then
+        start_baseline "$1" "$2" "$3"
+        start_spekula "$3"
+    else
+        start_spekula "$3"
+        start_baseline "$1" "$2" "$3"
+    fi
+}
+
+run_one() { # I C DIR: spekula serve against baseline I at concurrency C, on freshly started servers
+    local i=$1 c=$2 dir=$3 body='{}'
+    mkdir -p "$dir"
+    start_servers "$i" "$c" "$dir"
     [ "${BASE_KINDS[$i]}" = llama_cpp.server ] && body='{"repeat_penalty": 1.0}'  # its temperature 0 as plain greedy
     local common=(--endpoint "http://127.0.0.1:$SPEKULA_PORT" --baseline-endpoint "http://127.0.0.1:$LLAMA_PORT")
     common+=(--baseline-extra-body "$body" --request-timeout "$REQUEST_TIMEOUT" --no-progress)
@@ -410,6 +431,7 @@ main() {
     OUT=$1
     MODEL=${2:-qwen2.5-coder-1.5b}
     [[ $WAVES == [01] ]] || { log "WAVES must be 0 (closed loop) or 1 (waves), got '$WAVES'"; exit 2; }
+    [[ $BASELINE_FIRST == [01] ]] || { log "BASELINE_FIRST must be 0 or 1, got '$BASELINE_FIRST'"; exit 2; }
     if [ "$WAVES" = 1 ] && [ -z "$BASELINE_SERVE_ARGS" ]; then
         log "WAVES=1 compares two spekula servers (set BASELINE_SERVE_ARGS): llama-server answers a request's headers"
         log "only with its first token, so a wave would reach it one request per first token; use WAVES=0 against it"
@@ -417,6 +439,10 @@ main() {
     fi
     plan_baselines
     [[ " ${BASE_KINDS[*]} " == *" llama-server "* ]] && require_llama_server
+    if [ "$BASELINE_FIRST" = 1 ] && [ -z "$N_CTX" ] && [[ " ${BASE_KINDS[*]} " != " spekula " ]]; then
+        log "BASELINE_FIRST=1 starts the baseline before spekula serve reports its context length: set N_CTX"
+        exit 2
+    fi
     mkdir -p "$OUT"
     OUT=$(cd "$OUT" && pwd)
     : >"$OUT/commands.txt"

@@ -170,3 +170,35 @@ def test_it_passes_only_options_llama_server_has():
             assert re.search(rf"(^|[ ,]){re.escape(flag)}[ ,\n]", text, flags=re.M), f"llama-server has no {flag}"
         if "--spec-type" in argv:
             assert value(argv, "--spec-type") in text
+
+
+def started(**env: str) -> list[tuple[str, str]]:
+    """The (name, port) of each server run_one starts, in order, from the script's own functions with `start`
+    replaced by a recorder (nothing starts), N_CTX 4096 and a second spekula serve as the baseline."""
+    body = (
+        f"source {shlex.quote(str(SCRIPT))}; GGUF=/models/m.gguf; N_CTX=4096; TARGET=m; plan_baselines; "
+        'start() { printf "%s\\t%s\\n" "$1" "$4"; }; start_servers 0 4 /tmp'
+    )
+    env = {"BASELINE_SERVE_ARGS": "--draft none", **env}
+    result = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
+
+
+def test_baseline_first_swaps_the_start_order_and_keeps_the_ports():
+    spekula, baseline = ("spekula serve (m)", "8411"), ("spekula serve --draft none", "8412")
+    assert started() == [spekula, baseline]
+    assert started(BASELINE_FIRST="1") == [baseline, spekula]
+    assert started(BASELINE_FIRST="1", SPEKULA_PORT="8412", LLAMA_PORT="8411") == [
+        ("spekula serve --draft none", "8411"),
+        ("spekula serve (m)", "8412"),
+    ]
+
+
+def test_baseline_first_is_0_or_1_and_needs_n_ctx_before_a_llama_server(tmp_path):
+    result = run(str(tmp_path / "out"), "m.gguf", env={"BASELINE_FIRST": "yes"})
+    assert result.returncode == 2 and "BASELINE_FIRST must be 0 or 1, got 'yes'" in result.stderr
+    env = {"BASELINE_FIRST": "1", "LLAMA_SERVER_SPECS": "none", "LLAMA_SERVER": "/bin/true"}
+    result = run(str(tmp_path / "out"), "m.gguf", env=env)
+    assert result.returncode == 2 and "BASELINE_FIRST=1 starts the baseline before" in result.stderr
+    assert "set N_CTX" in result.stderr and not (tmp_path / "out").exists()
