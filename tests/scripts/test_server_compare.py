@@ -173,8 +173,9 @@ def test_it_passes_only_options_llama_server_has():
 
 
 def started(**env: str) -> list[tuple[str, str]]:
-    """The (name, port) of each server run_one starts, in order, from the script's own functions with `start`
-    replaced by a recorder (nothing starts), N_CTX 4096 and a second spekula serve as the baseline."""
+    """The (name, port) of each server start_servers (run_one's first step) starts, in order, from the script's own
+    functions with `start` replaced by a recorder (nothing starts), N_CTX 4096 and a second spekula serve as the
+    baseline."""
     body = (
         f"source {shlex.quote(str(SCRIPT))}; GGUF=/models/m.gguf; N_CTX=4096; TARGET=m; plan_baselines; "
         'start() { printf "%s\\t%s\\n" "$1" "$4"; }; start_servers 0 4 /tmp'
