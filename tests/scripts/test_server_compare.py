@@ -31,17 +31,23 @@ def help_of(*command: str) -> str:
     return result.stdout
 
 
+def sourced(commands: str, env: dict[str, str]) -> list[list[str]]:
+    """The tab-separated lines `commands` print after the script is sourced (its main does not run) with GGUF
+    /models/m.gguf, N_CTX 4096 and TARGET m, and its baselines planned under `env`."""
+    body = f"source {shlex.quote(str(SCRIPT))}; GGUF=/models/m.gguf; N_CTX=4096; TARGET=m; plan_baselines; {commands}"
+    result = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return [line.split("\t") for line in result.stdout.splitlines()]
+
+
 def baselines(concurrency: int, **env: str) -> dict[str, tuple[list[str], list[str]]]:
     """Each baseline the script plans under `env`: name -> (its environment, its argv) at `concurrency`, from the
     script's own functions (sourced: its main does not run), with N_CTX 4096 and GGUF /models/m.gguf."""
-    body = (
-        f"source {shlex.quote(str(SCRIPT))}; GGUF=/models/m.gguf; N_CTX=4096; plan_baselines; "
+    rows = sourced(
         'for i in "${!BASE_NAMES[@]}"; do baseline_argv "$i" ' + str(concurrency) + "; "
-        'printf "%s\\t%s\\t%s\\n" "${BASE_NAMES[$i]}" "${BASE_ENV[*]}" "${BASE_ARGV[*]}"; done'
+        'printf "%s\\t%s\\t%s\\n" "${BASE_NAMES[$i]}" "${BASE_ENV[*]}" "${BASE_ARGV[*]}"; done',
+        env,
     )
-    result = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
-    assert result.returncode == 0, result.stderr
-    rows = [line.split("\t") for line in result.stdout.splitlines()]
     return {name: (environ.split(), argv.split()) for name, environ, argv in rows}
 
 
@@ -172,18 +178,13 @@ def test_it_passes_only_options_llama_server_has():
             assert value(argv, "--spec-type") in text
 
 
-def started(**env: str) -> list[tuple[str, str]]:
+def started(**env: str) -> list[tuple[str, ...]]:
     """The (name, port) of each server start_servers (run_one's first step) starts, in order, from the script's own
     functions with `start` replaced by a recorder (nothing starts), N_CTX 4096 and a second spekula serve as the
     baseline."""
-    body = (
-        f"source {shlex.quote(str(SCRIPT))}; GGUF=/models/m.gguf; N_CTX=4096; TARGET=m; plan_baselines; "
-        'start() { printf "%s\\t%s\\n" "$1" "$4"; }; start_servers 0 4 /tmp'
-    )
     env = {"BASELINE_SERVE_ARGS": "--draft none", **env}
-    result = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
-    assert result.returncode == 0, result.stderr
-    return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
+    lines = sourced('start() { printf "%s\\t%s\\n" "$1" "$4"; }; start_servers 0 4 /tmp', env)
+    return [tuple(line) for line in lines]
 
 
 def test_baseline_first_swaps_the_start_order_and_keeps_the_ports():
