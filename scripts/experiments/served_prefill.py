@@ -1,11 +1,11 @@
 """What a served prompt's prefill costs, server against server: milliseconds per prompt token to a one-token answer.
 
 Sends fresh long prompts (a slice of this repository's scheduler source, tagged with the server's name, the round and
-the time, so no prompt cache holds any of it) one at a time to each server in turn, the order reversed every round,
-each as a greedy chat request with max_tokens 1, and prints per request the prompt tokens (the server's `usage`) and
-the wall time over them; then per server the median over the rounds. With one token to answer, the time is the
-prompt's prefill and the server's fixed costs. Used to check whether exact mode's prefill is what keeps spekula serve
-behind llama-server at concurrency 4 on a CPU without AVX-512 (docs/BENCHMARKS.md, "At concurrency 4"). An
+the time, so no prompt cache holds more than the chat template's start) one at a time to each server in turn, the order
+reversed every round, each as a greedy chat request with max_tokens 1, and prints per request the prompt tokens (the
+server's `usage`) and the wall time over them; then per server the median over the rounds. With one token to answer, the
+time is the prompt's prefill and the server's fixed costs. Used to check whether exact mode's prefill is what keeps
+spekula serve behind llama-server at concurrency 4 on a CPU without AVX-512 (docs/BENCHMARKS.md, "At concurrency 4"). An
 experiment, not a maintained tool (scripts/experiments/README.md).
 
     .venv/bin/python -m spekula serve --target qwen2.5-coder-1.5b --threads 2 --draft none --port 8501 &
