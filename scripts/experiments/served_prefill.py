@@ -26,6 +26,12 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "spekula" / "server" / "scheduler.py"
 
 
+def served_model(url: str) -> str:
+    """The id of the model a server runs, from its /v1/models (spekula serve refuses a request for another)."""
+    with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=60) as response:
+        return json.load(response)["data"][0]["id"]
+
+
 def one_prefill(url: str, model: str, text: str) -> tuple[int, float]:
     """(prompt tokens, seconds) of one greedy chat request for one token."""
     body = {
@@ -48,16 +54,16 @@ def main() -> int:
     ap.add_argument("servers", nargs="+", help="NAME=URL, e.g. exact=http://127.0.0.1:8501")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--words", type=int, default=500, help="words of source text a prompt carries")
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="the request's model (spekula serve checks it)")
     args = ap.parse_args()
     servers = dict(s.split("=", 1) for s in args.servers)
+    models = {name: served_model(url) for name, url in servers.items()}
     words = SOURCE.read_text().split()
     costs: dict[str, list[float]] = {name: [] for name in servers}
     for r in range(args.rounds):
         for name in list(servers) if r % 2 == 0 else list(servers)[::-1]:
             start = random.Random(f"{name}/{r}").randrange(len(words) - args.words)
             text = f"[{name} {r} {time.time()}] " + " ".join(words[start : start + args.words])
-            tokens, seconds = one_prefill(servers[name], args.model, text)
+            tokens, seconds = one_prefill(servers[name], models[name], text)
             costs[name].append(1000 * seconds / tokens)
             print(f"{name} round {r}: {tokens} prompt tokens in {seconds:.2f} s, {costs[name][-1]:.2f} ms a token")
     for name, values in costs.items():
