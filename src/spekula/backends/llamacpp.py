@@ -20,8 +20,9 @@ are closed:
   repacked Q4_K kernel sums a row of a 4-row group in the order it sums a row alone, Q6_K is repacked too on x86
   with AVX2, in kernels that sum a row alike alone or in a group (patch 0006, docs/decisions/0016-q6_K-repacked-
   on-x86.md; their 512-bit and 256-bit forms compute the same bits, and the load takes the faster for each run of
-  rows: llamacpp_forms, patch 0009), with AVX-512 VNNI a Q4_K product of two rows or more goes through a kernel
-  that sums a row as the one-row kernel does (patch 0008, docs/decisions/0017-q4_K-vnni-all-rows.md), and ggml's
+  rows: llamacpp_forms, patch 0009), with AVX2 (AVX-512 VNNI or not) a Q4_K product of two rows or more goes
+  through a kernel that sums a row as the one-row kernel does (patch 0008, docs/decisions/0017-q4_K-vnni-all-rows.md,
+  0025-q4_K-avx2-all-rows.md), and ggml's
   tiled K-quant kernel (another summation order; weights not repacked) takes over only from 32 rows, past any
   verified block;
 - attention: a verified block's rows and a one-token pass must sum attention alike. On the project's build two ways
