@@ -16,6 +16,13 @@ BASE = {"model": "m", "prompt": "hi"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+def test_a_body_that_names_no_model_asks_for_the_served_one():
+    """vLLM and llama-server serve a request without `model` with the model they run; a named one is checked later."""
+    assert parse_request({"prompt": "hi"}, "completion", SETTINGS).model is None
+    assert parse_request({**CHAT, "model": None}, "chat", SETTINGS).model is None
+    assert parse_request(BASE, "completion", SETTINGS).model == "m"
+
+
 def test_defaults_and_values():
     r = parse_request(BASE, "completion", SETTINGS)
     assert (r.prompt, r.stop.max_tokens, r.sampling.temperature, r.stream, r.include_usage) == (
@@ -77,8 +84,8 @@ def test_openai_client_shapes():
 
 BAD = [
     ([1, 2], "completion", None, "must be a JSON object"),
-    ({"prompt": "x"}, "completion", "model", "'model' is required"),
     ({"model": 3, "prompt": "x"}, "completion", "model", "non-empty string"),
+    ({"model": "", "prompt": "x"}, "completion", "model", "got an empty string"),
     ({"model": "m"}, "completion", "prompt", "'prompt' is required"),
     ({**BASE, "prompt": 5}, "completion", "prompt", "string or a non-empty list of token ids"),
     ({**BASE, "prompt": []}, "completion", "prompt", "non-empty list"),

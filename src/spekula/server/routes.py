@@ -231,8 +231,8 @@ async def _on_disconnect(request: Request, callback) -> None:
             return
 
 
-def _check_model(state: ServerState, model: str) -> None:
-    if model != state.model_name:
+def _check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.model_name:
         raise APIError(
             404,
             f"model {model!r} is not served here; this server runs {state.model_name!r} (see GET /v1/models)",

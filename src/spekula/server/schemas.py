@@ -88,7 +88,7 @@ class Speculation:
 @dataclass(frozen=True)
 class GenerationRequest:
     kind: Kind
-    model: str
+    model: str | None  # None: the body named none, so the served model (as vLLM and llama-server take it)
     prompt: str | list[int] | None  # completions: text, or token ids
     messages: list[dict[str, str]] | None  # chat: [{role, content}] with content flattened to text
     sampling: SamplingParams
@@ -253,14 +253,19 @@ def parse_request(
 # -- fields ---------------------------------------------------------------------------------------
 
 
-def _model(body: dict) -> str:
+def _model(body: dict) -> str | None:
+    """The model the body names; None where it names none (absent or null): the server's own model, as vLLM and
+    llama-server take it (OpenAI answers 400; a server of one model needs no name to know which)."""
     model = body.get("model")
     if model is None:
-        raise APIError(
-            400, "parameter 'model' is required; GET /v1/models lists the model this server runs", param="model"
-        )
+        return None
     if not isinstance(model, str) or not model:
-        raise APIError(400, f"'model' must be a non-empty string, got {_json_type(model)}", param="model")
+        raise APIError(
+            400,
+            "'model' must be a non-empty string (or left out for the model this server runs), got "
+            + ("an empty string" if model == "" else _json_type(model)),
+            param="model",
+        )
     return model
 
 
