@@ -262,8 +262,7 @@ def _model(body: dict) -> str | None:
     if not isinstance(model, str) or not model:
         raise APIError(
             400,
-            "'model' must be a non-empty string (or left out for the model this server runs), got "
-            + ("an empty string" if model == "" else _json_type(model)),
+            f"'model' must be a non-empty string (or left out for the model this server runs), got {_json_type(model)}",
             param="model",
         )
     return model
@@ -526,6 +525,8 @@ def _json_type(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"number {value!r}"
     if isinstance(value, str):
+        if not value:
+            return "an empty string"
         return f"string {value[:40]!r}" + ("..." if len(value) > 40 else "")
     if isinstance(value, list):
         return "an array"
