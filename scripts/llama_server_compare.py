@@ -33,7 +33,8 @@ Contenders (`--contenders`, comma-separated; default: all of these but the last)
 
 The binary is $LLAMA_SERVER, default .venv/bin/llama-server (`make llama-server` builds it from the same
 llama.cpp source as the installed llama-cpp-python). Writes OUT/results.jsonl (one line per request and
-contender), OUT/table.md, OUT/commands.txt and each server's log; the last line printed is one JSON object.
+contender), OUT/table.md, OUT/commands.txt and each server's log (an OUT that holds a run's results is refused: a new
+run would write over them); the last line printed is one JSON object.
 
     .venv/bin/python scripts/llama_server_compare.py OUT [--max-tokens 96] [--warmup-rounds 1]
     .venv/bin/python scripts/llama_server_compare.py OUT --max-tokens 0 --categories code-editing,repeat-editing,...
@@ -450,6 +451,11 @@ def _decoded(a: dict, b: dict) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.retable and any((args.out / name).exists() for name in ("results.jsonl", "results.jsonl.gz")):
+        # a run writes its results and the servers' logs over what the folder held
+        raise SystemExit(
+            f"{args.out} already holds a run's results: give a new folder (or --retable to rewrite its table)"
+        )
     from spekula.models import resolve
 
     count = token_counter(args.model)

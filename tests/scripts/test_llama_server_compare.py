@@ -223,6 +223,13 @@ def test_retable_recounts_a_saved_run(script, tmp_path, monkeypatch):
     assert "| spekula | 1.000 |" in (tmp_path / "table.md").read_text()  # same text, same time: the same rate
 
 
+def test_a_folder_that_holds_a_run_is_not_written_over(script, tmp_path):
+    (tmp_path / "results.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit, match="already holds a run's results: give a new folder"):
+        script.main([str(tmp_path)])
+    assert (tmp_path / "results.jsonl").read_text() == "{}\n" and not (tmp_path / "commands.txt").exists()
+
+
 def test_categories_and_each_prompt_s_own_length_can_be_chosen(script, tmp_path, monkeypatch):
     """--categories keeps the suite's prompts of those categories; --max-tokens 0 asks each for the suite's own
     max_tokens, a number caps them all."""
