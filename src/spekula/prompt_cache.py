@@ -21,11 +21,13 @@ request may want them), and dropped when the request holds all of it (its own ca
 finishes, supersedes it). Memory: a parked copy holds the cache's bytes (llama.cpp: what its KV cells
 hold, K and V of every layer per token), at most max_kept of them.
 
-Where the runtime can share KV cells between sequences (llama.cpp's shared context, with the server's
-continuous batching: Backend.share_prefix) a request still prefilling also borrows from the requests
+Where the runtime can share KV cells between sequences (llama.cpp's context of several sequences, with the
+server's continuous batching: Backend.share_prefix) a request still prefilling also borrows from the requests
 running beside it: before each chunk, the longest prefix of its prompt that another live (or a kept)
 sequence holds is shared into its cache instead of being computed, so an edit session's second turn
-sent while the first still runs, or many requests with one system prompt, prefill it once.
+sent while the first still runs, or many requests with one system prompt, prefill it once. In llama.cpp's
+exact mode, whose KV streams cannot share cells, the cells are copied (as a parked cache is restored): a
+memory copy of the K and V of the tokens, not a pass over them.
 
 What it keeps is this engine's own: a Pipeline's speculative and plain engines, and the
 configurations of one `spekula bench` run, each cache their own requests, so neither gets a prefill
@@ -186,8 +188,10 @@ class PromptCache:
         if not self.enabled or len(prefix) <= sequence.length:
             return 0
         sources = [s for s in [*self._live, *self._kept] if s is not sequence and not s.parked]
-        held, plan = sequence.length, self.plan(prefix)
-        shares = [(self._reusable(s, prefix, plan, held), s) for s in sources]
+        plan = self.plan(prefix)
+        # every row from the first, those the sequence holds included: a runtime may copy them all over its own
+        # (llama.cpp's exact mode), and they must be rows a fresh prefill computes alike too
+        shares = [(self._reusable(s, prefix, plan), s) for s in sources]
         shared, best = max(shares, key=lambda share: share[0], default=(0, None))
         return 0 if best is None else self._borrow_from(best, sequence, shared)
 

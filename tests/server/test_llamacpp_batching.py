@@ -10,6 +10,8 @@ by default). llama.cpp's default attention kernel in the shared context is check
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import llama_cpp
 import pytest
 import torch
@@ -304,7 +306,7 @@ def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(mode
         solo, _ = load_model(model, BackendConfig(runtime="llamacpp", threads=2, exact=True, context_length=512))
     assert solo.attention == backend.attention
     caps = backend.capabilities
-    assert caps.batching and caps.block_invariant and caps.prefill_alone and not caps.shares_prefix
+    assert caps.batching and caps.block_invariant and caps.prefill_alone and caps.shares_prefix  # by copying
     assert backend._shared is not None and backend.exact_width >= 15
     rng, vocab = random.Random(0), backend.vocab_size
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(n)] for n in (40, 75, 130, 210)]
@@ -351,8 +353,6 @@ def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(mode
     # in a call of its own, then every other row in one; then every step is one call of all four sequences' rows
     steps = [sum(n for n, _ in plan) - (len(prompts) if r == 0 else 0) for r, plan in enumerate(rounds)]
     assert calls[4:8] == [11] * 4 and calls[8:] == [rows for rows in steps if rows]
-    # llama.cpp cannot tag one stream's cells with another's sequence id (it aborts): nothing is shared
-    assert not backend.share_prefix(together[0], backend.new_sequence(), 20)
     for i in range(len(prompts)):
         alone = solo.new_sequence()
         mine = replay(
@@ -360,6 +360,46 @@ def test_exact_mode_batches_steps_and_every_row_gets_the_bits_it_gets_alone(mode
         )
         assert all(torch.equal(a, b) for a, b in zip(mine[i], batched[i], strict=True)), f"sequence {i}"
         alone.release()
+
+
+def test_in_exact_mode_a_sequence_takes_a_copy_of_another_s_cells_and_every_row_keeps_its_bits():
+    """llama.cpp cannot tag one KV stream's cells with another's sequence id (it aborts), so exact mode's
+    share_prefix copies them (llama_state_seq_get_data / _set_data), the target's own rows included, and cuts
+    the copy where asked: the target's next rows then get the bits a sequence that prefilled the same way gets,
+    and the source, left as it was, goes on as if nothing happened."""
+    import random
+
+    config = BackendConfig(runtime="llamacpp", threads=2, exact=True, parallel=3, context_length=512)
+    backend, _ = load_model("smollm2-135m", config)
+    rng, vocab = random.Random(1), backend.vocab_size
+    prompt, step, block = ([rng.randrange(100, vocab - 100) for _ in range(n)] for n in (70, 3, 5))
+
+    def fresh(*chunks: list[int]) -> torch.Tensor:
+        """The logits of the last chunk's rows, for a sequence that prefilled the first and ran the others."""
+        seq = backend.new_sequence()
+        try:
+            seq.prefill(chunks[0])
+            for ids in chunks[1:-1]:
+                seq.forward(ids)
+            return seq.forward(chunks[-1])
+        finally:
+            seq.release()
+
+    source, target = backend.new_sequence(), backend.new_sequence()
+    source.prefill(prompt)
+    source.forward(step)  # a step's rows past the prompt: not copied
+    target.prefill(prompt[:20])
+    assert not backend.share_prefix(source, target, source.length + 1)  # more than the source holds
+    assert backend.share_prefix(source, target, len(prompt))
+    assert target.tokens == prompt and list(target.pass_kinds) == list(source.pass_kinds)[: len(prompt)]
+    assert source.tokens == prompt + step
+    assert torch.equal(target.forward(block), fresh(prompt, block))
+    assert torch.equal(source.forward(block), fresh(prompt, step, block))
+    other = backend.new_sequence()
+    other.prefill(prompt[:5] + block)  # not a prefix of the source's tokens: nothing to copy
+    assert not backend.share_prefix(source, other, 10) and other.tokens == prompt[:5] + block
+    for seq in (source, target, other):
+        seq.release()
 
 
 def _counting_scheduler(pipe: Pipeline) -> tuple[Scheduler, list[int]]:
@@ -457,17 +497,22 @@ def _fresh_block(backend, prefix: list[int], block: list[int]) -> torch.Tensor:
         seq.release()
 
 
-def test_a_request_borrows_the_prompt_a_running_request_prefilled(recorded):  # noqa: F811
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_request_borrows_the_prompt_a_running_request_prefilled(recorded, exact):  # noqa: F811
     """An edit session's second turn arrives with the first: the first (fewer tokens left) is prefilled
-    first, and the second's chunks then share its cells instead of computing them again; both texts are
-    those of plain decoding alone, and the second reports the borrowed tokens as cached."""
+    first, and the second's chunks then share its cells instead of computing them again (exact mode: copy them
+    into its own KV stream); both texts are those of plain decoding alone, and the second reports the borrowed
+    tokens as cached."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(llamacpp, "SHARED_FLASH_ATTENTION", True)
-        pipe = Pipeline.load("smollm2-135m", "none", SpecConfig(k=0), llama(3))
+        pipe = Pipeline.load("smollm2-135m", "none", SpecConfig(k=0), replace(llama(3), exact=exact))
     log = recorded(pipe, max_running=2, prefill_chunk=32)
     scheduler = log.scheduler
     first = pipe.codec.encode(PROMPTS["code"] * 3)
-    second = first + pipe.codec.encode(" and then the next part of the answer")
+    # a tail of 64 rows or more: in exact mode a fresh prefill computes it in a pass of that kind, so every
+    # shared row is one it may take (PrefillPlan.reusable)
+    second = first + pipe.codec.encode(" and then the next part of the answer, one line after another" * 8)
+    assert len(second) - len(first) >= 64
     scheduler.submit(log.job("first", first, 8))
     scheduler.submit(log.job("second", second, 8))
     log.run()

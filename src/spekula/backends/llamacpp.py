@@ -191,7 +191,7 @@ class LlamaCppBackend(Backend):
             self.capabilities = replace(
                 type(self).capabilities,
                 batching=True,
-                shares_prefix=not self.exact,
+                shares_prefix=True,  # exact mode: by copying a stream's cells (share_prefix)
                 prefill_alone=self.exact,
                 equal_rows_per_pass=self.exact,
             )
@@ -406,12 +406,13 @@ class LlamaCppBackend(Backend):
         return len(self._free_ids) if self._shared is not None else None
 
     def share_prefix(self, source: Sequence, target: Sequence, length: int) -> bool:
-        """In the shared context, source's KV cells for positions target.length .. length - 1 are
-        tagged with target's sequence id too (llama.cpp's memory_seq_cp on a unified cache: no copy, no
-        compute); they stay target's after source rolls back or is released."""
+        """Give target source's KV cells for positions target.length .. length - 1. In the shared context they
+        are tagged with target's sequence id too (llama.cpp's memory_seq_cp on a unified cache: no copy, no
+        compute); they stay target's after source rolls back or is released. In exact mode, whose KV streams
+        llama.cpp does not tag across (it aborts), source's cells are copied into target's stream as a parked
+        cache is restored (LlamaCppSequence.copy_into: every row of source's first `length`, target's own
+        included, which hold the same tokens), then cut to `length`: the cost of a memory copy, not of a pass."""
         shared = self._shared
-        if not self.capabilities.shares_prefix:  # exact mode's KV streams: llama.cpp cannot tag across them
-            return False
         if shared is None or not isinstance(source, LlamaCppSequence) or not isinstance(target, LlamaCppSequence):
             return False
         if source.context is not shared or target.context is not shared:
@@ -421,6 +422,8 @@ class LlamaCppBackend(Backend):
         start = target.length
         if not start < length <= source.length or source.tokens[:start] != target.tokens:
             return False
+        if self.exact:
+            return source.copy_into(target, length)
         shared.ctx.kv_cache_seq_cp(source.seq_id, target.seq_id, start, length)
         target.tokens.extend(source.tokens[start:length])
         target._kinds.extend(source._kinds[start:length])
@@ -715,14 +718,10 @@ class LlamaCppSequence(Sequence):
         llama.cpp builds each pass's attention mask over every cell in use: `scripts/experiments/
         parked_caches.py` measures it); a context of its own goes back to the pool. Kept conversations then
         hold host memory (their tokens' K and V) rather than cells or a context each."""
-        import llama_cpp
-
         if self.released or self.parked or not self.tokens:
             return False
-        ctx = self.context.ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, self.seq_id)
-        state = np.empty(size, dtype=np.uint8)
-        if llama_cpp.llama_state_seq_get_data(ctx, _pointer(state), size, self.seq_id) != size:
+        state = self._state_bytes()
+        if state is None:
             return False
         self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
         if self.context is self.backend._shared:
@@ -732,17 +731,48 @@ class LlamaCppSequence(Sequence):
         self._state = state
         return True
 
-    def restore_into(self, target: Sequence) -> bool:
+    def copy_into(self, target: LlamaCppSequence, length: int) -> bool:
+        """Copy this live sequence's KV cells into target's sequence (llama_state_seq_get_data, then _set_data, as
+        park and restore_into do, without freeing these), cut to the first `length`: target's own cells are
+        replaced (its tokens must be a prefix of this sequence's). False (target as it was) where llama.cpp
+        refuses."""
+        mine, theirs = self._state_bytes(), target._state_bytes() if target.length else None
+        if mine is None or (target.length and theirs is None):
+            return False
+        if not target._set_state(mine):
+            if theirs is not None and not target._set_state(theirs):
+                raise RuntimeError("llama.cpp refused a sequence's own cache back")  # its cells are gone
+            return False
+        target.tokens, target._kinds = list(self.tokens), bytearray(self._kinds)
+        target.truncate(length)
+        return True
+
+    def _state_bytes(self) -> np.ndarray | None:
+        """The sequence's KV cells as llama_state_seq_get_data writes them (None: llama.cpp refused)."""
         import llama_cpp
 
+        ctx = self.context.ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, self.seq_id)
+        state = np.empty(size, dtype=np.uint8)
+        return state if llama_cpp.llama_state_seq_get_data(ctx, _pointer(state), size, self.seq_id) == size else None
+
+    def _set_state(self, state: np.ndarray) -> bool:
+        """Replace the sequence's KV cells with `state` (_state_bytes'); False: llama.cpp refused, and it holds
+        none (its tokens are the caller's to set)."""
+        import llama_cpp
+
+        self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)
+        ctx = self.context.ctx.ctx
+        if llama_cpp.llama_state_seq_set_data(ctx, _pointer(state), state.size, self.seq_id) == state.size:
+            return True
+        self.context.ctx.kv_cache_seq_rm(self.seq_id, 0, -1)  # what a failed read left
+        return False
+
+    def restore_into(self, target: Sequence) -> bool:
         state = self._state
         if state is None or not isinstance(target, LlamaCppSequence) or target.backend is not self.backend:
             return False
-        if target.released or target.parked or target.length:
-            return False
-        ctx = target.context.ctx.ctx
-        if llama_cpp.llama_state_seq_set_data(ctx, _pointer(state), state.size, target.seq_id) != state.size:
-            target.context.ctx.kv_cache_seq_rm(target.seq_id, 0, -1)  # what a failed read left
+        if target.released or target.parked or target.length or not target._set_state(state):
             return False
         target.tokens = list(self.tokens)
         target._kinds = bytearray(self._kinds)
