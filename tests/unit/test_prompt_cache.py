@@ -303,6 +303,33 @@ def test_a_borrowed_prefix_keeps_to_the_same_rule():
     assert cache.borrow(wide, [*range(12), 50, *range(70, 80)]) == 12 and list(wide.kinds) == [2] * 12
 
 
+def test_a_borrow_that_copies_over_the_sequence_s_own_rows_takes_none_of_another_kind():
+    """A runtime may copy a source's rows over those the sequence holds (llama.cpp's exact mode, whose KV streams
+    share no cells): then the source's first rows must be of the plan's kind too, not only the ones past the
+    sequence's, or the copy would bring rows a fresh prefill computes otherwise."""
+
+    class CopyingKinded(KindedBackend):
+        capabilities = Capabilities(batching=True, shares_prefix=True, pass_kind_widths=(4, 8))
+
+        def share_prefix(self, source, target, length) -> bool:
+            target.kinds[:] = source.kinds[:length]  # every row, the target's own included
+            target.tokens[:] = source.tokens[:length]
+            return True
+
+    prompt = [*range(12), 50, *range(70, 80)]  # wide: a fresh prefill computes its rows in passes of 8 or more
+    cache = PromptCache(CopyingKinded())
+    odd = cache.open([])
+    odd.forward([0, 1, 2])  # a narrow pass: rows of kind 0
+    odd.forward(list(range(3, 12)))  # a wide one: rows of kind 2, the plan's
+    taker = cache.open(prompt)
+    taker.forward(list(range(10)))  # its own first rows, of the plan's kind
+    taker.truncate(3)
+    assert cache.borrow(taker, prompt) == 0 and list(taker.kinds) == [2] * 3  # odd's rows 3-11 are not lent alone
+    good = cache.open([])
+    good.forward(list(range(12)))
+    assert cache.borrow(taker, prompt) == 9 and list(taker.kinds) == [2] * 12
+
+
 def test_prompt_cache_any_rows_takes_every_shared_row_from_the_command_line_on():
     from spekula.cli import build_parser
     from spekula.options import spec_from_args
