@@ -131,10 +131,10 @@ class PromptCache:
         self._live.append(sequence)
         return sequence
 
-    def _reusable(self, source: Sequence, prefix: Seq[int], plan: PrefillPlan, held: int = 0) -> int:
-        """How many of prefix's leading tokens (`plan`: its prefill's, plan()) a request may take from `source` (it
-        holds the first `held` already):
-        those they share, and where the runtime's rows hold other bits after passes of other kinds
+    def _reusable(self, source: Sequence, prefix: Seq[int], plan: PrefillPlan) -> int:
+        """How many of prefix's leading tokens (`plan`: its prefill's, plan()) a request may take from `source`,
+        counted from the first (a borrow may copy them all over the rows the request holds: borrow()): those they
+        share, and where the runtime's rows hold other bits after passes of other kinds
         (Capabilities.pass_kind_widths), only as many as a fresh prefill of the prompt would compute alike
         (PrefillPlan.reusable): a taken row must have been computed by a pass of the kind the plan computes it in,
         and the rows left must still make passes of their kinds. A narrow prompt that follows a wide one then
@@ -142,9 +142,9 @@ class PromptCache:
         the plan computes as a step's where the chat template's markers find it (plan())."""
         shared = shared_prefix(source.tokens, prefix)
         kinds = source.pass_kinds
-        if self.any_rows or not self.backend.capabilities.pass_kind_widths or kinds is None or shared <= held:
+        if self.any_rows or not self.backend.capabilities.pass_kind_widths or kinds is None or not shared:
             return shared
-        return plan.reusable(kinds, shared, held)
+        return plan.reusable(kinds, shared)
 
     def plan(self, prefix: Seq[int]) -> PrefillPlan:
         """How a fresh prefill of a prompt whose prefix (all but its last token) is `prefix` computes its rows
@@ -189,8 +189,8 @@ class PromptCache:
             return 0
         sources = [s for s in [*self._live, *self._kept] if s is not sequence and not s.parked]
         plan = self.plan(prefix)
-        # every row from the first, those the sequence holds included: a runtime may copy them all over its own
-        # (llama.cpp's exact mode), and they must be rows a fresh prefill computes alike too
+        # every row from the first (_reusable), those the sequence holds included: a runtime may copy them all over
+        # its own (llama.cpp's exact mode), and they must be rows a fresh prefill computes alike too
         shares = [(self._reusable(s, prefix, plan), s) for s in sources]
         shared, best = max(shares, key=lambda share: share[0], default=(0, None))
         return 0 if best is None else self._borrow_from(best, sequence, shared)
