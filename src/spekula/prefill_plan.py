@@ -109,13 +109,13 @@ class PrefillPlan:
         """A segment's pass kind: a step's if narrow, else its width's (the last one with the prompt's last token)."""
         return 0 if narrow else pass_kind(end - start + (end == self.length), self.widths)
 
-    def reusable(self, kinds: Seq[int], shared: int, held: int = 0) -> int:
+    def reusable(self, kinds: Seq[int], shared: int) -> int:
         """How many leading rows a request with this plan may take from a sequence whose rows' kinds are `kinds` and
-        that shares `shared` tokens with its prefix (it holds the first `held` already): rows computed in the kind
+        that shares `shared` tokens with its prefix, counted from the first: rows computed in the kind
         of pass the plan computes them in, segment by segment, and where the taken ones end inside a wide segment
         (or take the last one, which a step then finishes), only so many that the segment's rows left still make a
         pass of its kind."""
-        taken = held
+        taken = 0
         while taken < self.length:
             s, e, narrow = self.segment(taken)
             kind = self._kind_of(s, e, narrow)
@@ -127,5 +127,5 @@ class PrefillPlan:
                 continue
             if kind and stop > s:  # the segment's rest, prefilled alone, is a pass of its kind
                 stop = max(s, min(stop, e - self.widths[kind - 1]))
-            return max(stop, held)
+            return stop
         return taken

@@ -20,7 +20,7 @@ from spekula.options import load_config_file
 
 from benchkit import ByteCodec, contenders_for, table, tune_over
 
-WORK = 24  # a pass's arithmetic: at 12 the winning draft's throughput ratio was 1.46x-2.04x on an Ice Lake Xeon
+WORK = 24  # a pass's arithmetic: enough that the winning draft's margin is the loop's, not the machine's noise
 
 
 def run_tune(tmp_path, workload, drafts, choices):

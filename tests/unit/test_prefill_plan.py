@@ -109,7 +109,6 @@ def test_reusable_takes_whole_segments_and_leaves_a_wide_one_a_pass_of_its_kind(
     assert plan.reusable(kinds, shared=16) == 16  # one row into the last segment, 14 left: a wide pass still
     assert plan.reusable([2] * 10 + [0] * 5 + [0] * 15, shared=30) == 15  # the last segment's rows of a step's kind
     assert plan.reusable([2] * 30, shared=30) == 10  # the answer's rows from a wide pass: not taken
-    assert plan.reusable(kinds, shared=13, held=14) == 14  # a borrower already holds more
     # without narrow spans: the rule of decision 0018 (one wide segment, the prompt's last token in it)
     whole = PrefillPlan(length=20, narrow=(), widths=widths, least=8)
     assert whole.reusable([2] * 20, shared=20) == 12 and whole.reusable([2] * 20, shared=9) == 9
